@@ -1,0 +1,91 @@
+"""One error hierarchy for libra-opt, rooted in :class:`LibraOptError`.
+
+Every message says what to change.  Catch :class:`LibraOptError` to catch
+anything the library raises on purpose.
+"""
+from __future__ import annotations
+
+
+class LibraOptError(Exception):
+    """Root of every error libra-opt raises on purpose."""
+
+
+class ProblemError(LibraOptError, ValueError):
+    """A :class:`~libra_opt.problem.RematProblem` breaks an invariant
+    (order, producers before consumers, storage accounting)."""
+
+
+class ProblemFileError(ProblemError):
+    """A problem JSON file is corrupt, has the wrong schema version, or a bad
+    field.  ``field`` names the offending field (dotted path)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message if field is None else f"{message} (field: {field})")
+        self.field = field
+
+
+class ScheduleError(LibraOptError, ValueError):
+    """The simulator rejected a :class:`~libra_opt.schedule.Schedule`.
+
+    ``index`` is the position of the failing instruction (``None`` for an
+    end-of-schedule check) and ``instruction`` its text.
+    """
+
+    def __init__(self, message: str, index: int | None = None, instruction: str | None = None):
+        where = "" if index is None else f"instruction {index} ({instruction}): "
+        super().__init__(where + message)
+        self.index = index
+        self.instruction = instruction
+
+
+class BudgetExceededError(ScheduleError):
+    """A schedule's simulated peak is over the memory budget."""
+
+
+class InfeasibleBudgetError(LibraOptError, ValueError):
+    """No plan fits the budget.  ``min_feasible_bytes`` is the smallest budget
+    the solver found a plan for (``None`` if it could not tell)."""
+
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int | None, solver: str,
+                 detail: str = ""):
+        from .units import format_bytes
+
+        msg = f"solver {solver!r}: no plan fits a budget of {format_bytes(budget_bytes)}"
+        if min_feasible_bytes is not None:
+            msg += (f"; the smallest feasible budget it found is {format_bytes(min_feasible_bytes)} "
+                    f"({min_feasible_bytes} bytes): raise the budget to at least that")
+        else:
+            msg += "; raise the budget"
+        if detail:
+            msg += f" ({detail})"
+        super().__init__(msg)
+        self.budget_bytes = budget_bytes
+        self.min_feasible_bytes = min_feasible_bytes
+        self.solver = solver
+
+
+class SolverError(LibraOptError):
+    """A solver failed for a reason other than an infeasible budget."""
+
+
+class SolverNotFoundError(SolverError, ValueError):
+    """An unknown solver name; the message lists the known ones."""
+
+
+class SolverUnavailableError(SolverError, ImportError):
+    """A solver's optional backend is not installed; the message says what to
+    install."""
+
+
+class CaptureError(LibraOptError):
+    """A model could not be captured as one joint forward+backward graph; the
+    message names the graph break or the unsupported op."""
+
+
+class ShapeMismatchError(LibraOptError, ValueError):
+    """An optimized module was called with inputs whose shapes differ from the
+    example inputs the plan was made for."""
+
+
+class RuntimeExecutionError(LibraOptError, RuntimeError):
+    """The runtime could not execute a plan."""

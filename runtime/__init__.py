@@ -1,0 +1,2 @@
+"""The runtime: executes any plan (recompute + asynchronous swap) inside an
+ordinary ``loss.backward()``."""

@@ -1,0 +1,81 @@
+"""One frozen result type for every solver (like ``scipy.optimize.OptimizeResult``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from libra_opt.schedule import Schedule
+    from libra_opt.simulator import SimulationResult
+
+OPTIMAL = "optimal"        #: proven optimal (within the solver's gap)
+FEASIBLE = "feasible"      #: a plan within budget, optimality not proven
+INFEASIBLE = "infeasible"  #: no plan within budget (only with ``raise_on_infeasible=False``)
+TIME_LIMIT = "time_limit"  #: stopped at the time limit with a plan
+STATUSES = (OPTIMAL, FEASIBLE, INFEASIBLE, TIME_LIMIT)
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    """What :func:`libra_opt.solve` returns.
+
+    Attributes
+    ----------
+    status : {"optimal", "feasible", "infeasible", "time_limit"}
+    schedule : Schedule or None
+        ``None`` only when ``status == "infeasible"``.
+    solver : str
+    budget_bytes : int
+        The budget asked for (graph memory, bytes).
+    peak_bytes : int or None
+        Simulated peak graph memory of ``schedule`` (bytes), always <= budget.
+    time_s : float or None
+        Simulated step time (s).
+    added_s : float or None
+        Simulated step time minus the no-remat step time (s): the cost of the plan.
+    lower_bound_s : float or None
+        A proven lower bound on the step time of any plan within budget under
+        the solver's model (s), where the solver has one (e.g. the LP value).
+    gap : float or None
+        ``(time_s - lower_bound_s) / lower_bound_s``.
+    solve_s : float
+        Wall-clock seconds spent solving (not simulating).
+    message : str
+    min_feasible_bytes : int or None
+        For an infeasible result: the smallest budget the solver found a plan for.
+    simulation : SimulationResult or None
+    extras : dict
+        Solver-specific details (e.g. ``lp_value``, ``threshold``, ``decisions``).
+    """
+
+    status: str
+    schedule: "Schedule | None"
+    solver: str
+    budget_bytes: int
+    peak_bytes: int | None = None
+    time_s: float | None = None
+    added_s: float | None = None
+    lower_bound_s: float | None = None
+    gap: float | None = None
+    solve_s: float = 0.0
+    message: str = ""
+    min_feasible_bytes: int | None = None
+    simulation: "SimulationResult | None" = field(default=None, repr=False)
+    extras: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def success(self) -> bool:
+        """True when a plan within budget was found."""
+        return self.schedule is not None
+
+
+@dataclass(frozen=True)
+class RawSolution:
+    """What a solver's ``_solve`` hands back to :meth:`Solver.solve` before
+    validation: a schedule, a status, and optional bound and extras."""
+
+    schedule: "Schedule"
+    status: str = FEASIBLE
+    lower_bound_s: float | None = None
+    message: str = ""
+    extras: dict = field(default_factory=dict)

@@ -1,0 +1,27 @@
+"""Shared pytest setup: skip tests marked ``cuda`` when no CUDA GPU is present."""
+import os
+
+import pytest
+
+REMAT_GRAPHS = os.environ.get("LIBRA_REMAT_GRAPHS",
+                              os.path.join(os.path.dirname(__file__), "..", "..", "shared", "remat-graphs"))
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def remat_graphs_dir():
+    """The folder of external instances (../shared/remat-graphs); skips if absent."""
+    d = os.path.abspath(REMAT_GRAPHS)
+    if not os.path.isdir(d):
+        pytest.skip(f"remat-graphs not found at {d}; set LIBRA_REMAT_GRAPHS")
+    return d

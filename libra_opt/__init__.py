@@ -1,0 +1,54 @@
+"""libra-opt: train PyTorch models in less GPU memory by tensor rematerialization.
+
+Activations saved for backward are evicted after their forward use and
+regenerated before their backward use, by recomputation or by swapping to
+pinned host memory.  A solver picks keep / recompute / swap for every
+activation under a memory budget; a shared runtime executes the plan inside an
+ordinary ``loss.backward()``.
+
+Public API (imported lazily, so ``import libra_opt`` stays cheap):
+
+- :func:`optimize` (model, example inputs, budget) -> a module that trains within the budget
+- :func:`profile` (model) -> :class:`RematProblem`; :func:`capture`
+- :func:`solve`, :func:`solve_many`, :func:`register_solver`, :func:`available_solvers`
+- :func:`simulate`, :class:`Schedule`, :func:`no_remat_schedule`
+- :func:`load_problem`, :func:`save_problem`, :func:`load_remat_graph`
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "RematProblem": "libra_opt.problem", "ProblemBuilder": "libra_opt.problem", "Node": "libra_opt.problem",
+    "Tensor": "libra_opt.problem", "FixedMemory": "libra_opt.problem", "DeviceProfile": "libra_opt.problem",
+    "Provenance": "libra_opt.problem",
+    "Schedule": "libra_opt.schedule", "no_remat_schedule": "libra_opt.schedule",
+    "Compute": "libra_opt.schedule", "Free": "libra_opt.schedule", "SwapOut": "libra_opt.schedule",
+    "SwapIn": "libra_opt.schedule", "Wait": "libra_opt.schedule",
+    "simulate": "libra_opt.simulator", "SimulationResult": "libra_opt.simulator",
+    "no_remat_peak": "libra_opt.simulator",
+    "solve": "libra_opt.solvers", "solve_many": "libra_opt.solvers", "register_solver": "libra_opt.solvers",
+    "available_solvers": "libra_opt.solvers", "Solver": "libra_opt.solvers", "SolveResult": "libra_opt.solvers",
+    "load_problem": "libra_opt.problem_io", "save_problem": "libra_opt.problem_io",
+    "load_remat_graph": "libra_opt.importers",
+    "capture": "libra_opt.capture", "profile": "libra_opt.profiling",
+    "optimize": "libra_opt.optimize",
+    "LibraOptError": "libra_opt.errors", "InfeasibleBudgetError": "libra_opt.errors",
+}
+
+__all__ = sorted(_LAZY) + ["__version__"]
+
+
+def __getattr__(name: str):
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'libra_opt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(mod), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -89,3 +89,7 @@ class ShapeMismatchError(LibraOptError, ValueError):
 
 class RuntimeExecutionError(LibraOptError, RuntimeError):
     """The runtime could not execute a plan."""
+
+
+class PlotError(LibraOptError, ValueError):
+    """The data given to a plot function cannot be plotted; the message says why."""

@@ -69,7 +69,7 @@ def storage_uses(problem: RematProblem) -> dict[int, list[int]]:
     outputs = problem.output_set
     banned = {problem.tensors[o].storage for o in outputs}
     for t in problem.tensors:
-        if t.kind != ACTIVATION or t.storage in banned:
+        if t.kind != ACTIVATION or t.storage in banned or problem.tensors[t.storage].kind != ACTIVATION:
             continue
         u = out.setdefault(t.storage, set())
         u.add(t.producer)

@@ -51,7 +51,7 @@ class Node:
     recomputable : bool
         False for RNG ops whose RNG state is not replayed and for mutating ops.
     inputs : tuple of int
-        Tensor ids read (may repeat a tensor only once).
+        Tensor ids read (each at most once).
     outputs : tuple of int
         Tensor ids produced.
     module : str
@@ -88,6 +88,9 @@ class Tensor:
     nbytes : int
         Bytes of storage this tensor owns: the storage size for a base, 0 for a view.
     kind : {"activation", "input"}
+        A view produced by a node is an activation even when its storage is a
+        graph input's (``aten.t`` of a weight): it owns 0 bytes and its storage
+        is always resident.
     shape : tuple of int, optional
     dtype : str, optional
     """
@@ -252,10 +255,15 @@ class RematProblem:
                     raise ProblemError(f"view {t.name!r} owns {t.nbytes} bytes; views own 0 bytes")
                 if base.is_view:
                     raise ProblemError(f"view {t.name!r} names storage {base.name!r}, itself a view; name the base")
-                if base.kind != t.kind:
-                    raise ProblemError(f"view {t.name!r} and its base {base.name!r} differ in kind")
+                if t.kind == INPUT and base.kind != INPUT:
+                    raise ProblemError(f"input view {t.name!r} aliases activation {base.name!r}; an input can "
+                                       f"only alias another input")
                 if t.producer is not None and base.producer is not None and base.producer > t.producer:
                     raise ProblemError(f"view {t.name!r} is produced before its base {base.name!r}")
+                if t.producer is not None and not any(self.tensors[u].storage == t.storage
+                                                      for u in self.nodes[t.producer].inputs):
+                    raise ProblemError(f"view {t.name!r} of {base.name!r} is made by node "
+                                       f"{self.nodes[t.producer].name!r}, which reads no tensor on that storage")
         for o in self.outputs:
             if not 0 <= o < nt:
                 raise ProblemError(f"output {o} is not a tensor id")
@@ -373,7 +381,7 @@ class ProblemBuilder:
                 base = self._tensors[spec[2]]["storage"]
                 nbytes = 0
             self._tensors.append(dict(id=tid, name=tname, producer=nid, storage=base, nbytes=nbytes,
-                                      kind=self._tensors[base]["kind"] if base != tid else ACTIVATION,
+                                      kind=ACTIVATION,
                                       shape=spec[3] if len(spec) > 3 else None,
                                       dtype=spec[4] if len(spec) > 4 else None))
             outs.append(tid)

@@ -135,6 +135,10 @@ class Simulator(ScheduleInterpreter):
         self.h2d_bytes = 0
         self.tl_t: list[float] = []
         self.tl_b: list[int] = []
+        for t in self.problem.tensors:  # input storages: always resident, never counted
+            if self._is_input[t.id] and t.storage == t.id:
+                self.refs[t.id] = 1
+                self.allocated.add(t.id)
 
     def _note(self, mem: int) -> None:
         if mem > self.peak:

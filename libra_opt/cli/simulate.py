@@ -1,0 +1,105 @@
+"""``libra-opt simulate FILE [--plan PLAN.json] [--budget B] [--plot OUT.png]``
+
+Simulates a plan (the no-remat plan by default) on a problem and prints its
+peak memory (graph memory and with fixed memory), step time, recompute and
+stall seconds and swapped bytes.  ``FILE`` is a libra-opt problem JSON
+(``.json`` / ``.json.gz``) or a networkx node-link remat graph
+(``../shared/remat-graphs/``).  With ``--budget``, the exit status is 1 when
+the plan goes over it (the message names the instruction).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``simulate`` subcommand; returns its parser."""
+    p = subparsers.add_parser(
+        "simulate", help="simulate a plan on a problem: peak memory, step time, recompute, stalls, swaps",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    p.add_argument("--plan", metavar="PLAN.json",
+                   help="schedule JSON (Schedule.save); default: the no-remat plan (free after last use)")
+    p.add_argument("--budget", metavar="B",
+                   help="graph-memory budget to check: bytes, '12GiB', '60%%' or 0.6 of the no-remat peak")
+    p.add_argument("--plot", metavar="OUT.png", help="write a memory timeline plot (with the no-remat plan "
+                                                      "for comparison when --plan is given)")
+    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
+                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
+    return p
+
+
+def _budget_arg(text: str):
+    """'0.6' -> 0.6 (a fraction), anything else as given (parse_budget reads it)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if 0 < value <= 1 and not text.strip().isdigit() else text
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``libra-opt simulate``; returns the exit status (0 ok, 1 over budget)."""
+    from libra_opt.bounds import memory_lower_bound
+    from libra_opt.errors import BudgetExceededError
+    from libra_opt.importers import load_problem_any
+    from libra_opt.schedule import Schedule, no_remat_schedule
+    from libra_opt.simulator import simulate
+    from libra_opt.units import format_bytes, format_seconds, parse_budget
+
+    try:
+        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
+        plan = Schedule.load(args.plan) if args.plan else no_remat_schedule(problem)
+    except OSError as e:
+        print(f"libra-opt simulate: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    reference = simulate(problem)
+    result = reference if not args.plan else simulate(problem, plan)
+    budget = None
+    if args.budget is not None:
+        try:
+            budget = parse_budget(_budget_arg(args.budget), reference.peak_bytes)
+        except ValueError as e:
+            print(f"libra-opt simulate: error: --budget: {e}", file=sys.stderr)
+            return 2
+
+    label = f"{args.plan} ({plan!r})" if args.plan else "no rematerialization (free after last use)"
+    peak_ins = plan.instructions[result.peak_index].describe(problem) if len(plan) else "-"
+    print(f"problem:  {problem.name} ({len(problem.nodes)} nodes, {len(problem.tensors)} tensors, "
+          f"{len(problem.outputs)} outputs) from {args.file}")
+    if problem.provenance.source == "import":
+        print(f"          imported graph: times in {problem.provenance.extra.get('time_unit', 'seconds')}")
+    print(f"plan:     {label}")
+    print(f"peak:     {format_bytes(result.peak_bytes)} ({result.peak_bytes} bytes) graph memory, "
+          f"{format_bytes(result.total_peak_bytes)} ({result.total_peak_bytes} bytes) with fixed memory; "
+          f"first reached at instruction {result.peak_index} ({peak_ins})")
+    if args.plan:
+        print(f"          no-remat peak {format_bytes(reference.peak_bytes)}: "
+              f"{result.peak_bytes / max(reference.peak_bytes, 1):.1%} of it")
+    print(f"          memory lower bound of any plan: {format_bytes(memory_lower_bound(problem))}")
+    print(f"time:     step {format_seconds(result.time_s)} (compute {format_seconds(result.compute_s)}, "
+          f"added {format_seconds(result.added_s)} = "
+          f"{result.added_s / max(problem.total_compute_s, 1e-30):.1%} of the no-remat step)")
+    print(f"          recompute {format_seconds(result.recompute_s)}, stalls {format_seconds(result.stall_s)}")
+    print(f"swaps:    {format_bytes(result.d2h_bytes)} out, {format_bytes(result.h2d_bytes)} in; "
+          f"host peak {format_bytes(result.host_peak_bytes)}")
+    status = 0
+    if budget is not None:
+        try:
+            simulate(problem, plan, budget)
+            print(f"budget:   {format_bytes(budget)} ({budget} bytes): within "
+                  f"({format_bytes(budget - result.peak_bytes)} to spare)")
+        except BudgetExceededError as e:
+            print(f"budget:   {format_bytes(budget)} ({budget} bytes): OVER by "
+                  f"{format_bytes(result.peak_bytes - budget)}")
+            print(f"libra-opt simulate: {e}", file=sys.stderr)
+            status = 1
+    if args.plot:
+        from libra_opt.plots import plot_memory_timeline
+
+        plans = {"plan": (plan, result), "no remat": (no_remat_schedule(problem), reference)} if args.plan \
+            else {"no remat": (plan, result)}
+        plot_memory_timeline(problem, plans, args.plot, budget_bytes=budget)
+        print(f"plot:     {args.plot}")
+    return status

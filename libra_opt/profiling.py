@@ -1,0 +1,549 @@
+"""Profiling: measure every op of a captured training step on the device.
+
+:func:`profile_step` runs the joint forward+backward aten graph of a
+:class:`~libra_opt.capture.CapturedStep` node by node on real tensors (the
+captured primals and tangents) with a :class:`torch.fx.Interpreter`
+subclass, and returns each node's compute time (median over repeats, seconds)
+and transient workspace (bytes).  :func:`profile` is the whole pipeline:
+capture -> profile -> :func:`~libra_opt.capture.build_problem`, giving a
+:class:`~libra_opt.problem.RematProblem` with a measured
+:class:`~libra_opt.problem.DeviceProfile` and a
+:class:`~libra_opt.problem.Provenance`.
+
+How it measures (``DESIGN.md``, "Measuring"):
+
+- **time on a GPU**: a CUDA event pair around each op, ``warmup`` untimed
+  passes over the whole graph, then ``repeats`` timed passes; a node's time is
+  the median of its repeats.  Only the op itself is timed, not the
+  interpreter's Python overhead between ops.
+- **time on a CPU**: ``time.perf_counter`` around each op (CPU ops are
+  synchronous), same warm-up and median.
+- **workspace on a GPU**: one extra pass; before each op
+  ``torch.cuda.reset_peak_memory_stats``, after it
+  ``max_memory_allocated - memory_allocated(before) - new output bytes``
+  (output storages rounded up to the caching allocator's 512-byte blocks),
+  clipped at 0.  This is the op's transient scratch memory (cuBLAS / cuDNN
+  workspaces, temporaries inside composite kernels).
+- **workspace on a CPU**: 0.  The CPU allocator has no peak counter that
+  separates one op's temporaries from its outputs, so CPU problems carry no
+  workspace; their memory numbers are storage sizes only.
+- **bandwidth** (:func:`measure_bandwidth`): on a GPU, pinned host buffers
+  copied with ``non_blocking=True`` and timed with CUDA events (median of
+  repeats) each way; on a CPU, a host ``memcpy`` rate (``Tensor.copy_``), and
+  ``copies_overlap_compute=False`` because a copy then occupies the compute
+  timeline.  Measured once per device per process.
+
+Sources: ``torch.fx.Interpreter`` (one method per opcode, overridden here in
+``run_node``); ``torch.cuda.Event(enable_timing=True)``;
+``torch.cuda.max_memory_allocated`` / ``reset_peak_memory_stats``; the
+profiling step of Checkmate (Jain et al., MLSys 2020, sec. 6: per-op costs
+measured on the target device) and of Libra (Wang 2024: profiled peak and
+per-op time).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import math
+import operator
+import os
+import platform
+import statistics
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from .errors import LibraOptError
+from .problem import DeviceProfile, Provenance, RematProblem
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .capture import CapturedStep
+    from .zoo import ZooModel
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ProfilingError", "profile_step", "profile", "measure_bandwidth", "device_profile", "OPTIMIZERS"]
+
+#: optimizers whose state :func:`~libra_opt.capture.build_problem` accounts for
+OPTIMIZERS = ("none", "sgd", "adam", "adamw")
+
+#: the CUDA caching allocator rounds every block up to a multiple of this (bytes)
+_CUDA_BLOCK = 512
+
+
+class ProfilingError(LibraOptError, RuntimeError):
+    """Profiling could not run the captured graph (an op failed on real
+    tensors, or the device does not match the captured tensors); the message
+    names the node and says what to change."""
+
+
+# ---------------------------------------------------------------- bandwidth
+_BANDWIDTH_CACHE: dict[str, tuple[float, float]] = {}
+
+
+def _as_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cpu")
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def measure_bandwidth(device: str | torch.device | None = None, *, nbytes: int | None = None,
+                      repeats: int = 5) -> tuple[float, float]:
+    """Host<->device copy bandwidth, bytes per second, measured once per device.
+
+    Parameters
+    ----------
+    device : str or torch.device, optional
+        ``"cuda"`` / ``"cuda:1"`` or ``"cpu"`` (default).
+    nbytes : int, optional
+        Buffer size in bytes (default 256 MiB on a GPU, 64 MiB on a CPU).
+    repeats : int
+        Timed copies each way; the median is reported.
+
+    Returns
+    -------
+    (h2d_bytes_per_s, d2h_bytes_per_s) : tuple of float
+        On a GPU: pinned host -> device and device -> pinned host, each timed
+        with CUDA events around ``Tensor.copy_(..., non_blocking=True)``.  On
+        a CPU: the host memcpy rate (both values equal), which is what a
+        "swap" costs when there is no separate device memory.
+
+    Raises
+    ------
+    ProfilingError
+        ``device`` is CUDA but CUDA is not available.
+
+    Notes
+    -----
+    Results are cached per device for the life of the process.  Source:
+    ``torch.cuda.Event``, ``Tensor.pin_memory``.
+    """
+    dev = _as_device(device)
+    key = str(dev)
+    if key in _BANDWIDTH_CACHE and nbytes is None:
+        return _BANDWIDTH_CACHE[key]
+    repeats = max(1, int(repeats))
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ProfilingError(f"device {key} requested but CUDA is not available; profile with device='cpu'")
+        n = int(nbytes or 256 * 2**20)
+        host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        host.fill_(1)
+        dbuf = torch.empty(n, dtype=torch.uint8, device=dev)
+        stream = torch.cuda.current_stream(dev)
+
+        def timed(dst: torch.Tensor, src: torch.Tensor) -> float:
+            dst.copy_(src, non_blocking=True)  # warm-up
+            samples = []
+            for _ in range(repeats):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(stream)
+                dst.copy_(src, non_blocking=True)
+                end.record(stream)
+                end.synchronize()
+                samples.append(start.elapsed_time(end) / 1e3)
+            return n / max(statistics.median(samples), 1e-9)
+
+        with torch.cuda.device(dev):
+            h2d = timed(dbuf, host)
+            d2h = timed(host, dbuf)
+        del host, dbuf
+    else:
+        n = int(nbytes or 64 * 2**20)
+        src = torch.ones(n, dtype=torch.uint8)
+        dst = torch.zeros(n, dtype=torch.uint8)
+        dst.copy_(src)  # fault the pages in
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            samples.append(time.perf_counter() - t0)
+        h2d = d2h = n / max(statistics.median(samples), 1e-9)
+        del src, dst
+    result = (float(h2d), float(d2h))
+    if nbytes is None:
+        _BANDWIDTH_CACHE[key] = result
+    logger.info("bandwidth on %s: h2d %.2f GB/s, d2h %.2f GB/s", key, result[0] / 1e9, result[1] / 1e9)
+    return result
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_profile(device: str | torch.device | None = None) -> DeviceProfile:
+    """The :class:`~libra_opt.problem.DeviceProfile` of ``device``, measured.
+
+    Parameters
+    ----------
+    device : str or torch.device, optional
+        Default ``"cpu"``.
+
+    Returns
+    -------
+    DeviceProfile
+        GPU: ``torch.cuda.get_device_name``, ``total_memory`` of
+        ``torch.cuda.get_device_properties`` (bytes), measured pinned
+        bandwidths, ``copies_overlap_compute=True``.  CPU: ``"cpu (<model>,
+        <n> threads)"``, physical memory (bytes), memcpy rate,
+        ``copies_overlap_compute=False``.
+
+    Raises
+    ------
+    ProfilingError
+        CUDA requested but not available.
+    """
+    dev = _as_device(device)
+    h2d, d2h = measure_bandwidth(dev)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        return DeviceProfile(name=torch.cuda.get_device_name(dev), total_memory_bytes=int(props.total_memory),
+                             h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, copies_overlap_compute=True)
+    return DeviceProfile(name=f"cpu ({_cpu_name()}, {torch.get_num_threads()} threads)",
+                         total_memory_bytes=_host_memory_bytes(), h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h,
+                         copies_overlap_compute=False)
+
+
+# ------------------------------------------------------------------ per-node
+def _storage_keys(values: Any, device: torch.device | None = None) -> set[tuple[int, int]]:
+    """``(data_ptr, nbytes)`` of the storages of the strided tensors in ``values`` (on ``device`` if given)."""
+    keys = set()
+    for v in tree_flatten(values)[0]:
+        if (isinstance(v, torch.Tensor) and v.layout == torch.strided
+                and (device is None or _as_device(v.device) == device)):
+            s = v.untyped_storage()
+            keys.add((s.data_ptr(), s.nbytes()))
+    return keys
+
+
+def _new_output_bytes(out: Any, input_keys: set[tuple[int, int]], block: int, device: torch.device) -> int:
+    """Bytes of output storages on ``device`` that are not input storages, each rounded up to ``block``."""
+    total = 0
+    for key in _storage_keys(out, device) - input_keys:
+        total += -(-key[1] // block) * block
+    return total
+
+
+class _NodeProfiler(torch.fx.Interpreter):
+    """Runs the joint graph and times every ``call_function`` node except
+    ``getitem``; optionally measures CUDA workspace (see module docstring)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, device: torch.device, bar=None):
+        super().__init__(gm, garbage_collect_values=True)
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.bar = bar
+        self.measure_workspace = False
+        self.cpu_times: dict[str, float] = {}
+        self.cuda_events: dict[str, tuple[torch.cuda.Event, torch.cuda.Event]] = {}
+        self.workspace: dict[str, int] = {}
+
+    def timed_nodes(self) -> list[torch.fx.Node]:
+        return [n for n in self.module.graph.nodes if _is_timed(n)]
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        if not _is_timed(n):
+            return super().run_node(n)
+        with self._set_current_node(n):
+            args, kwargs = self.fetch_args_kwargs_from_env(n)
+            try:
+                if self.measure_workspace:
+                    out = self._run_workspace(n, args, kwargs)
+                elif self.cuda:
+                    ev = self.cuda_events.get(n.name)
+                    if ev is None:
+                        ev = self.cuda_events[n.name] = (torch.cuda.Event(enable_timing=True),
+                                                         torch.cuda.Event(enable_timing=True))
+                    ev[0].record()
+                    out = n.target(*args, **kwargs)
+                    ev[1].record()
+                else:
+                    t0 = time.perf_counter()
+                    out = n.target(*args, **kwargs)
+                    self.cpu_times[n.name] = time.perf_counter() - t0
+            except Exception as e:  # re-raised naming the node
+                raise ProfilingError(f"op {n.name} ({n.target}) failed while profiling: {type(e).__name__}: {e}; "
+                                     f"check that the model runs eagerly on this device with these inputs") from e
+        if self.bar is not None:
+            self.bar.update(1)
+        return out
+
+    def _run_workspace(self, n: torch.fx.Node, args, kwargs) -> Any:
+        in_keys = _storage_keys((args, kwargs), self.device)
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        out = n.target(*args, **kwargs)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        new_bytes = _new_output_bytes(out, in_keys, _CUDA_BLOCK, self.device)
+        self.workspace[n.name] = max(0, int(peak - before - new_bytes))
+        return out
+
+    def pass_times(self) -> dict[str, float]:
+        """Seconds per timed node of the last pass (synchronizes on a GPU)."""
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+            return {name: s.elapsed_time(e) / 1e3 for name, (s, e) in self.cuda_events.items()}
+        return dict(self.cpu_times)
+
+
+def _is_timed(n: torch.fx.Node) -> bool:
+    return n.op == "call_function" and n.target is not operator.getitem
+
+
+def _step_device(step: "CapturedStep") -> torch.device:
+    for t in list(step.primals) + list(step.tangents):
+        if isinstance(t, torch.Tensor):
+            return _as_device(t.device)
+    return torch.device("cpu")
+
+
+def _show_progress(progress: bool) -> bool:
+    return bool(progress) and hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+
+
+def profile_step(step: "CapturedStep", device: str | torch.device | None = None, *, warmup: int = 2,
+                 repeats: int = 5, progress: bool = True) -> dict:
+    """Measure each op of a captured step: time (median, s) and workspace (bytes).
+
+    Parameters
+    ----------
+    step : CapturedStep
+        From :func:`libra_opt.capture.capture`: the joint graph with real
+        primals (parameters, buffers, inputs) and tangents.
+    device : str or torch.device, optional
+        Where to run; must be the device of the captured tensors (default:
+        that device).  Graphs carry device constants, so capture on the device
+        you profile on.
+    warmup : int
+        Untimed passes over the whole graph first (>= 0).
+    repeats : int
+        Timed passes (>= 1); each node's time is its median over them.
+    progress : bool
+        Show a ``tqdm`` bar (only when stderr is a terminal).
+
+    Returns
+    -------
+    dict
+        ``"times"``: ``{fx node name: seconds}`` for every ``call_function``
+        node except ``getitem`` (folded into its producer by
+        ``build_problem``); ``"workspace"``: ``{fx node name: bytes}`` (all 0
+        on a CPU); ``"step_time_s"``: sum of the median node times (s);
+        ``"timer"``: ``"cuda-events"`` or ``"perf_counter"``; ``"device"``:
+        the device string; ``"warmup"``, ``"repeats"``.
+
+    Raises
+    ------
+    ProfilingError
+        ``device`` differs from the captured tensors' device, bad
+        ``warmup``/``repeats``, or an op fails (the message names it).
+
+    Notes
+    -----
+    Runs under ``torch.no_grad()``: the joint graph computes gradients
+    explicitly, so autograd bookkeeping would only add time and memory.
+    Source: ``torch.fx.Interpreter`` (``run_node`` overridden), CUDA events,
+    ``torch.cuda.max_memory_allocated``.
+    """
+    if int(repeats) < 1 or int(warmup) < 0:
+        raise ProfilingError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
+    dev = _step_device(step)
+    if device is not None and _as_device(device) != dev:
+        raise ProfilingError(f"the captured tensors are on {dev} but profiling was asked on "
+                             f"{_as_device(device)}; build and capture the model on {_as_device(device)}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ProfilingError("the captured tensors are on CUDA but CUDA is not available")
+    gm = step.joint
+    inputs = [t.detach() if isinstance(t, torch.Tensor) else t for t in list(step.primals) + list(step.tangents)]
+    n_placeholders = sum(1 for n in gm.graph.nodes if n.op == "placeholder")
+    if len(inputs) != n_placeholders:
+        raise ProfilingError(f"the joint graph has {n_placeholders} placeholders but the step holds "
+                             f"{len(step.primals)} primals + {len(step.tangents)} tangents; re-capture the step")
+    runner = _NodeProfiler(gm, dev)
+    timed = runner.timed_nodes()
+    passes = int(warmup) + int(repeats) + (1 if dev.type == "cuda" else 0)
+    samples: dict[str, list[float]] = {n.name: [] for n in timed}
+
+    from tqdm.auto import tqdm
+
+    name = getattr(step, "model_name", "") or "step"
+    bar = tqdm(total=passes * len(timed), desc=f"profiling {name}", unit="op", leave=False,
+               disable=not _show_progress(progress))
+    runner.bar = bar
+    logger.info("profiling %s: %d ops x (%d warm-up + %d timed passes) on %s", name, len(timed), warmup,
+                repeats, dev)
+    t_start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            for k in range(passes):
+                runner.measure_workspace = dev.type == "cuda" and k == passes - 1
+                runner.run(*inputs, enable_io_processing=False)
+                if warmup <= k < warmup + repeats:
+                    for node_name, s in runner.pass_times().items():
+                        samples[node_name].append(s)
+                elif dev.type == "cuda":
+                    torch.cuda.synchronize(dev)
+    finally:
+        bar.close()
+    times = {k: float(statistics.median(v)) if v else 0.0 for k, v in samples.items()}
+    workspace = {n.name: int(runner.workspace.get(n.name, 0)) for n in timed}
+    step_s = math.fsum(times.values())
+    logger.info("profiled %s: %d ops, step %.4f s (compute), %.1f s of profiling", name, len(timed), step_s,
+                time.perf_counter() - t_start)
+    return {"times": times, "workspace": workspace, "step_time_s": step_s,
+            "timer": "cuda-events" if dev.type == "cuda" else "perf_counter", "device": str(dev),
+            "warmup": int(warmup), "repeats": int(repeats)}
+
+
+# ------------------------------------------------------------------ pipeline
+def _dtype_name(dtype: torch.dtype | None) -> str:
+    return "" if dtype is None else str(dtype).replace("torch.", "")
+
+
+def _model_dtype(model: nn.Module) -> torch.dtype | None:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return None
+
+
+def _model_device(model: nn.Module, args, kwargs) -> torch.device:
+    for p in model.parameters():
+        return _as_device(p.device)
+    for v in tree_flatten((args, kwargs))[0]:
+        if isinstance(v, torch.Tensor):
+            return _as_device(v.device)
+    return torch.device("cpu")
+
+
+def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs: dict | None = None, *,
+            loss_fn: Callable[[Any], torch.Tensor] | None = None, optimizer: str = "adam",
+            device: str | torch.device | None = None, autocast_dtype: torch.dtype | None = None,
+            batch: int | None = None, seq: int | None = None, dtype: torch.dtype = torch.float32,
+            warmup: int = 2, repeats: int = 5, progress: bool = True, name: str | None = None) -> RematProblem:
+    """Capture one training step, profile it, and build its :class:`RematProblem`.
+
+    Parameters
+    ----------
+    model_or_zoo : nn.Module, ZooModel or str
+        A model (with ``args``/``kwargs``/``loss_fn``), a
+        :class:`~libra_opt.zoo.ZooModel`, or a zoo name / ``"module:callable"``
+        (then ``batch`` is required and ``seq``, ``dtype``, ``device`` are used
+        to build it).
+    args, kwargs
+        Example inputs for a plain model; ignored for a ZooModel or a name.
+    loss_fn : callable, optional
+        ``loss_fn(output) -> scalar`` for a plain model (default: the output
+        is differentiated with ones as tangents).
+    optimizer : {"none", "sgd", "adam", "adamw"}
+        Optimizer whose state is counted in the fixed memory (sgd: 1x,
+        adam/adamw: 2x the trainable parameters' bytes).
+    device : str or torch.device, optional
+        Profiling device.  A name is built there; a model must already be
+        there (default: the model's device).
+    autocast_dtype : torch.dtype, optional
+        Capture under ``torch.autocast`` with this dtype (mixed precision).
+    batch, seq, dtype
+        Used when ``model_or_zoo`` is a name (see
+        :func:`libra_opt.zoo.build_model`); ``batch``/``seq`` are also
+        recorded in the provenance for a plain model (``batch`` defaults to
+        the leading dimension of its first input tensor).
+    warmup, repeats, progress
+        See :func:`profile_step`.
+    name : str, optional
+        Problem name (default ``"<model>-b<batch>[-s<seq>]"``).
+
+    Returns
+    -------
+    RematProblem
+        Nodes in the eager order of the joint graph with measured
+        ``time_s`` and ``workspace_bytes``; the device profile of
+        :func:`device_profile`; provenance (model, batch, seq, dtype, torch
+        version, UTC date, and in ``extra``: device, timer, warm-up, repeats,
+        optimizer, transformers version, description).
+
+    Raises
+    ------
+    CaptureError
+        The model does not capture as one graph (the message names the break).
+    ProfilingError
+        Wrong device, or an op fails while profiling.
+    ZooError
+        Unknown zoo name.
+    LibraOptError
+        Unknown optimizer.
+    """
+    from .capture import build_problem, capture
+    from .zoo import ZooModel, build_model
+
+    if optimizer not in OPTIMIZERS:
+        raise ProfilingError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    if isinstance(model_or_zoo, str):
+        if batch is None:
+            raise ProfilingError(f"profiling zoo model {model_or_zoo!r} needs batch=")
+        model_or_zoo = build_model(model_or_zoo, batch, seq, device=device or "cpu", dtype=dtype)
+    if isinstance(model_or_zoo, ZooModel):
+        zm = model_or_zoo
+        model, args, kwargs, loss_fn = zm.model, zm.args, zm.kwargs, zm.loss_fn
+        model_name, batch, seq, desc = zm.name, zm.batch, zm.seq, zm.description
+    elif isinstance(model_or_zoo, nn.Module):
+        model, args, kwargs = model_or_zoo, tuple(args), dict(kwargs or {})
+        model_name, desc = type(model).__name__, ""
+        if batch is None:  # the leading dimension of the first input tensor
+            first = next((v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)), None)
+            batch = int(first.shape[0]) if first is not None and first.dim() > 0 else None
+    else:
+        raise ProfilingError(f"profile() takes an nn.Module, a ZooModel or a zoo name, got "
+                             f"{type(model_or_zoo).__name__}")
+    kwargs = dict(kwargs or {})
+    dev = _model_device(model, args, kwargs)
+    if device is not None and _as_device(device) != dev:
+        raise ProfilingError(f"the model is on {dev} but profiling was asked on {_as_device(device)}; "
+                             f"move the model and its inputs to {_as_device(device)} first")
+    mdtype = _model_dtype(model)
+
+    t0 = time.perf_counter()
+    step = capture(model, args, kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
+    logger.info("captured %s in %.1f s", model_name, time.perf_counter() - t0)
+    measured = profile_step(step, dev, warmup=warmup, repeats=repeats, progress=progress)
+    dprof = device_profile(dev)
+    try:
+        import transformers
+        tf_version = transformers.__version__
+    except ImportError:  # pragma: no cover
+        tf_version = ""
+    prov = Provenance(
+        source="capture", model=model_name, batch=batch, seq=seq, dtype=_dtype_name(mdtype),
+        torch_version=torch.__version__,
+        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        extra={"device": dprof.name, "timer": measured["timer"], "warmup": measured["warmup"],
+               "repeats": measured["repeats"], "optimizer": optimizer, "transformers_version": tf_version,
+               "autocast_dtype": _dtype_name(autocast_dtype), "description": desc,
+               "threads": torch.get_num_threads() if dev.type == "cpu" else None})
+    problem = build_problem(step, times=measured["times"], workspace=measured["workspace"], device=dprof,
+                            optimizer=optimizer, provenance=prov)
+    if name is None:
+        name = model_name + (f"-b{batch}" if batch is not None else "") + (f"-s{seq}" if seq is not None else "")
+    return problem.replace(name=name)

@@ -187,8 +187,10 @@ class _Lowerer:
                 pos = int(np.searchsorted(cum, start, side="right")) - 2
                 queue_free_at = max(cum[max(pos + 1, 0)], start) if pos >= 0 else start
             pos = max(ev.after + 1, min(pos, ev.before - 1))
-            self.prefetch_at.setdefault(pos, []).append(ev.storage)
+            self.prefetch_at.setdefault(pos, []).append((ev.before, ev.storage))
             self.off.setdefault(ev.storage, []).append((ev.after, pos - 1))
+        # several swap-ins issued at one position go on the queue in order of use
+        self.prefetch_at = {pos: [s for _, s in sorted(v)] for pos, v in self.prefetch_at.items()}
 
     def _is_off(self, s: int, i: int) -> bool:
         """True if storage ``s`` is meant to be off the device at the end of position ``i``."""

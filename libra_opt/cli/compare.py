@@ -1,0 +1,125 @@
+"""``libra-opt compare FILE [--budgets 0.9,0.8,0.7] [--solvers none,chen-sqrt,...] [--csv OUT] [--plot OUT.png]``
+
+Runs every solver at every memory budget on one problem and prints a table:
+status, added step time (seconds and % of the no-remat step), simulated peak,
+solve time, and the gap to the best lower bound any solver reported at that
+budget.  Every plan in the table was accepted by the simulator within its
+budget.  ``FILE`` is a libra-opt problem JSON or a networkx node-link remat
+graph (``../shared/remat-graphs/``; times there are relative cost units).
+
+Budgets: fractions of the no-remat peak (``0.8``), percentages (``80%``) or
+sizes (``12GiB``, ``1500000000``), comma-separated.  Solvers: registered names,
+comma-separated (default: all); a solver whose backend is not installed is
+reported as ``unavailable``.  ``--time-limit`` is passed to the solvers that
+have a time limit (the MILP).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``compare`` subcommand; returns its parser."""
+    p = subparsers.add_parser(
+        "compare", help="compare solvers over memory budgets: added time, peak, solve time, gap to bound",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    p.add_argument("--budgets", default="0.9,0.8,0.7", metavar="B1,B2,...",
+                   help="memory budgets: fractions (0.8), percentages (80%%) or sizes (12GiB); "
+                        "default 0.9,0.8,0.7")
+    p.add_argument("--solvers", default=None, metavar="S1,S2,...",
+                   help="solver names, comma-separated (default: every registered solver)")
+    p.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
+    p.add_argument("--plot", metavar="OUT.png", help="plot added time against budget, one curve per solver")
+    p.add_argument("--time-limit", type=float, metavar="S",
+                   help="seconds per solve, for solvers with a time limit (checkmate-milp)")
+    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
+                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def parse_budget_list(text: str) -> list:
+    """``"0.9,80%,12GiB,1000000"`` -> ``[0.9, "80%", "12GiB", 1000000]``.
+
+    A plain number in ``(0, 1]`` written with a decimal point is a fraction of
+    the no-remat peak; a plain integer is bytes; anything else is passed to
+    :func:`~libra_opt.units.parse_budget` as written.
+
+    Raises
+    ------
+    ValueError
+        An empty list or an empty item.
+    """
+    out: list = []
+    for item in text.split(","):
+        t = item.strip()
+        if not t:
+            raise ValueError(f"empty budget in {text!r}; write e.g. 0.9,0.8,0.7")
+        try:
+            v = float(t)
+        except ValueError:
+            out.append(t)
+            continue
+        if t.isdigit():
+            out.append(int(t))
+        elif 0 < v <= 1:
+            out.append(v)
+        else:
+            out.append(t)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``libra-opt compare``; returns the exit status (0; 2 on bad input)."""
+    from libra_opt.compare import compare, format_table, plot_rows, rows_to_csv, time_limit_options
+    from libra_opt.importers import load_problem_any
+    from libra_opt.simulator import no_remat_peak
+    from libra_opt.solvers import available_solvers
+    from libra_opt.units import format_bytes, format_seconds, parse_budget
+
+    try:
+        budgets = parse_budget_list(args.budgets)
+    except ValueError as e:
+        print(f"libra-opt compare: error: --budgets: {e}", file=sys.stderr)
+        return 2
+    solvers = [s.strip() for s in args.solvers.split(",") if s.strip()] if args.solvers else available_solvers()
+    if not solvers:
+        print("libra-opt compare: error: --solvers is empty", file=sys.stderr)
+        return 2
+    try:
+        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
+    except OSError as e:
+        print(f"libra-opt compare: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    peak = no_remat_peak(problem)
+    try:
+        for b in budgets:
+            parse_budget(b, peak)
+    except ValueError as e:
+        print(f"libra-opt compare: error: --budgets: {e}", file=sys.stderr)
+        return 2
+
+    rows = compare(problem, budgets, solvers, solver_options=time_limit_options(solvers, args.time_limit),
+                   progress=not args.no_progress)
+    unit = problem.provenance.extra.get("time_unit") if problem.provenance.source == "import" else None
+    print(f"problem: {problem.name} ({len(problem.nodes)} nodes) from {args.file}")
+    print(f"no-remat peak {format_bytes(peak)} ({peak} bytes), step {format_seconds(problem.total_compute_s)}"
+          + (f" (times in {unit})" if unit else ""))
+    print()
+    print(format_table(rows))
+    notes = dict.fromkeys((r.solver, r.status, r.message) for r in rows if r.status in ("unavailable", "error"))
+    for solver, status, message in notes:
+        print(f"note: {solver}: {status}: {message}")
+    if args.csv:
+        rows_to_csv(rows, args.csv)
+        print(f"csv:  {args.csv}")
+    if args.plot:
+        if any(r.success for r in rows):
+            plot_rows(rows, args.plot, title=f"{problem.name}: added time vs memory budget")
+            print(f"plot: {args.plot}")
+        else:
+            print("libra-opt compare: no solver found a plan at any budget: no plot written", file=sys.stderr)
+    return 0

@@ -1,0 +1,542 @@
+"""Baseline solvers: what a practitioner would do without an optimizer.
+
+Every baseline chooses, per activation storage, keep / recompute / swap over
+its default eviction window (:func:`libra_opt.lowering.default_windows`: from
+the last forward use to the first backward use) and hands the decisions to
+:func:`libra_opt.lowering.lower`; the base class simulates the plan against the
+budget.  A baseline whose plan(s) cannot meet the budget raises
+:class:`~libra_opt.errors.InfeasibleBudgetError` stating the smallest peak it
+can reach.
+
+- ``none`` (:class:`NoRematSolver`): keep everything (eager PyTorch).
+- ``checkpoint-all`` (:class:`CheckpointAllSolver`): recompute every
+  activation that can be recomputed (``torch.utils.checkpoint`` around every
+  op).
+- ``chen-sqrt`` (:class:`ChenSqrtSolver`): Chen et al. 2016, sec. 4.1,
+  sqrt(n) segments.
+- ``chen-greedy`` (:class:`ChenGreedySolver`): Chen et al. 2016, Algorithm 3
+  (memory planning with a segment budget), the threshold searched.
+- ``swap-all`` (:class:`SwapAllSolver`): offload every activation, prefetch
+  ahead of use (``torch.autograd.graph.save_on_cpu``, with prefetching).
+
+Non-recomputable producers (RNG ops such as dropout, mutating ops) are never
+recomputed: their storages are kept (or swapped by ``swap-all``), and so is
+any storage whose recomputation chain would have to re-run one.
+
+Source of the Chen variants as implemented for DAGs: Checkmate's baselines
+(Jain et al., MLSys 2020, sec. 6.1: "Chen et al. sqrt(n)", "Chen et al.
+greedy", with articulation points or on the linearized graph).
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from libra_opt.errors import InfeasibleBudgetError
+from libra_opt.lowering import Policy, default_windows, evictions_for, lower
+from libra_opt.problem import ACTIVATION, RematProblem
+from libra_opt.schedule import Schedule, no_remat_schedule
+from libra_opt.simulator import SimulationResult, simulate
+
+from .base import Solver
+from .registry import register_solver
+from .result import OPTIMAL, RawSolution
+
+log = logging.getLogger(__name__)
+
+__all__ = ["NoRematSolver", "CheckpointAllSolver", "ChenSqrtSolver", "ChenGreedySolver", "SwapAllSolver",
+           "forward_cut_points", "safe_recompute_decisions", "segment_windows", "chen_greedy_checkpoints", "chen_sqrt_checkpoints"]
+
+_CHEN = ("Chen, Xu, Zhang, Guestrin. Training Deep Nets with Sublinear Memory Cost. arXiv:1604.06174, 2016")
+
+
+# --------------------------------------------------------------------- helpers
+def _forward_end(problem: RematProblem) -> int:
+    """Number of forward positions (all positions for a single-phase graph)."""
+    return problem.boundary
+
+
+def forward_cut_points(problem: RematProblem) -> list[int]:
+    """Forward positions whose outputs are the only activations crossing into
+    the rest of the forward: the articulation points of the forward graph in
+    eager order, where a segment of Chen et al. (2016, sec. 4.1) may end.
+
+    Position ``v`` qualifies if every activation produced at a position
+    ``<= v`` and read by a forward node ``> v`` is an output of ``v``.  Keeping
+    ``v``'s outputs then suffices to recompute any later forward activation.
+    For a single-phase graph every node counts as forward.
+
+    Parameters
+    ----------
+    problem : RematProblem
+
+    Returns
+    -------
+    list of int
+        Ascending node positions (the last forward position excluded: it ends
+        the forward anyway).
+    """
+    end = _forward_end(problem)
+    # last forward reader of each activation produced in the forward
+    last_fwd: dict[int, int] = {}
+    for t in problem.tensors:
+        if t.kind != ACTIVATION or t.producer is None or t.producer >= end:
+            continue
+        fwd = [c for c in t.consumers if c < end]
+        if fwd:
+            last_fwd[t.id] = fwd[-1]
+    # crossing[v]: activations alive across the cut v|v+1 that v did not produce
+    diff = np.zeros(end + 1, dtype=np.int64)
+    for tid, last in last_fwd.items():
+        p = problem.tensors[tid].producer
+        # crosses cuts p, p+1, ..., last-1; it is "foreign" at cuts p+1 .. last-1
+        if last - 1 >= p + 1:
+            diff[p + 1] += 1
+            diff[last] -= 1
+    foreign = np.cumsum(diff)[:end]
+    return [v for v in range(max(end - 1, 0)) if foreign[v] == 0]
+
+
+def _last_uses(problem: RematProblem) -> dict[int, int]:
+    """Tensor id -> last consumer position (the producer itself if unread)."""
+    return {t.id: (t.consumers[-1] if t.consumers else (t.producer if t.producer is not None else -1))
+            for t in problem.tensors}
+
+
+def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
+                             windows: dict[int, tuple[int, int]] | None = None) -> dict[int, Policy]:
+    """Recompute decisions for ``evict``, keeping what cannot be recomputed.
+
+    A storage is switched to ``KEEP`` when regenerating it at the end of its
+    window would re-run a non-recomputable node (RNG or mutating op): its own
+    producer, or a producer found by walking its recomputation chain back
+    through activations that are not certainly resident at that time.  The
+    walk is conservative (a storage evicted by any decision counts as not
+    resident); since keeping only adds residency, one pass suffices.
+
+    Parameters
+    ----------
+    problem : RematProblem
+    evict : iterable of int
+        Storage ids the caller wants recomputed; those without a window are
+        ignored.
+    windows : dict of int to (int, int), optional
+        ``storage -> (after, before)``; :func:`default_windows` if omitted.
+
+    Returns
+    -------
+    dict of int to Policy
+        ``RECOMPUTE`` or ``KEEP`` per storage of ``evict`` that has a window.
+    """
+    windows = default_windows(problem) if windows is None else windows
+    tensors, nodes = problem.tensors, problem.nodes
+    outputs = problem.output_set
+    last_use = _last_uses(problem)
+    want = [s for s in dict.fromkeys(evict) if s in windows]
+    decisions = {s: Policy.RECOMPUTE for s in want}
+
+    def resident_at(u: int, before: int) -> bool:
+        t = tensors[u]
+        if decisions.get(t.storage, Policy.KEEP) != Policy.KEEP:
+            return False
+        return t.producer < before and (u in outputs or last_use[u] >= before)
+
+    for s in want:
+        before = windows[s][1]
+        ok = True
+        stack = [tid for tid in problem.storage_views[s]]
+        seen: set[int] = set()
+        while stack and ok:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            prod = nodes[tensors[u].producer]
+            if not prod.recomputable:
+                ok = False
+                break
+            for v in prod.inputs:
+                if tensors[v].kind != ACTIVATION or v in seen:
+                    continue
+                if tensors[v].storage == s or not resident_at(v, before):
+                    stack.append(v)
+        if not ok:
+            decisions[s] = Policy.KEEP
+            log.debug("keeping %r: its recomputation would re-run a non-recomputable op", tensors[s].name)
+    return decisions
+
+
+def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, prefetch="auto"
+              ) -> tuple[Schedule, SimulationResult]:
+    sched = lower(problem, evictions_for(problem, decisions, windows), prefetch=prefetch)
+    return sched, simulate(problem, sched)
+
+
+def segment_windows(problem: RematProblem, checkpoints: Iterable[int], windows: dict[int, tuple[int, int]],
+                    evict: Iterable[int]) -> dict[int, tuple[int, int]]:
+    """Chen-style windows: a segment's evicted storages all come back when the
+    backward first needs any of them.
+
+    The checkpoints split the eager order into segments (a checkpoint ends its
+    segment).  Each evicted storage's window is cut to end at the earliest
+    window end among the evicted storages of its producer's segment, so that
+    the first regeneration in a segment recomputes the segment's forward once
+    and its results stay resident for the segment's backward (Chen et al.
+    2016, sec. 4.1: one extra forward pass in total), rather than being
+    freed and replayed again for each use.
+
+    Parameters
+    ----------
+    problem : RematProblem
+    checkpoints : iterable of int
+        Segment-ending positions.
+    windows : dict of int to (int, int)
+        Default windows, ``storage -> (after, before)``.
+    evict : iterable of int
+        Storages to evict.
+
+    Returns
+    -------
+    dict of int to (int, int)
+        ``windows`` with the evicted storages' ends moved earlier where that
+        leaves a non-empty window.
+    """
+    ckpt = sorted(set(checkpoints))
+    seg = {s: bisect.bisect_left(ckpt, problem.tensors[s].producer) for s in evict if s in windows}
+    start: dict[int, int] = {}
+    for s, j in seg.items():
+        start[j] = min(start.get(j, windows[s][1]), windows[s][1])
+    out = dict(windows)
+    for s, j in seg.items():
+        after, before = windows[s]
+        if after < start[j] < before:
+            out[s] = (after, start[j])
+    return out
+
+
+def _checkpoint_plan(problem: RematProblem, checkpoints: Iterable[int], windows
+                     ) -> tuple[dict[int, Policy], dict[int, tuple[int, int]]]:
+    """Keep the storages of the checkpoint nodes' outputs, recompute every
+    other windowed storage (where safe) over Chen-style segment windows."""
+    checkpoints = list(checkpoints)
+    kept = {problem.tensors[t].storage for v in checkpoints for t in problem.nodes[v].outputs}
+    evict = [s for s in windows if s not in kept]
+    segwin = segment_windows(problem, checkpoints, windows, evict)
+    dec = safe_recompute_decisions(problem, evict, segwin)
+    dec.update({s: Policy.KEEP for s in kept if s in windows})
+    return dec, segwin
+
+
+def _candidates(problem: RematProblem, which: str) -> list[int]:
+    if which == "all":
+        return list(range(max(_forward_end(problem) - 1, 0)))
+    _check_candidates(which)
+    c = forward_cut_points(problem)
+    if not c:
+        log.info("%s: no articulation point in the forward graph; using every forward node as a candidate",
+                 problem.name)
+        return list(range(max(_forward_end(problem) - 1, 0)))
+    return c
+
+
+def chen_sqrt_checkpoints(candidates: list[int]) -> list[int]:
+    """Every k-th candidate, ``k = round(sqrt(len(candidates)))``: about
+    sqrt(n) segments of about sqrt(n) candidates (Chen et al. 2016, sec. 4.1).
+
+    Parameters
+    ----------
+    candidates : list of int
+        Candidate positions in eager order.
+
+    Returns
+    -------
+    list of int
+    """
+    if not candidates:
+        return []
+    k = max(1, int(round(math.sqrt(len(candidates)))))
+    return [v for i, v in enumerate(candidates) if (i + 1) % k == 0]
+
+
+def chen_greedy_checkpoints(problem: RematProblem, candidates: list[int], threshold_bytes: float) -> list[int]:
+    """Chen et al. 2016, Algorithm 3 ("memory planning with budget"): walk the
+    forward in eager order accumulating each node's output bytes; at a
+    candidate whose running sum exceeds ``threshold_bytes``, checkpoint it and
+    restart the sum.
+
+    Parameters
+    ----------
+    problem : RematProblem
+    candidates : list of int
+        Positions allowed as checkpoints.
+    threshold_bytes : float
+        The segment budget ``B`` (bytes).
+
+    Returns
+    -------
+    list of int
+        Checkpoint positions, ascending.
+    """
+    cand = set(candidates)
+    temp = 0
+    out = []
+    for v in range(_forward_end(problem)):
+        temp += sum(problem.tensors[t].nbytes for t in problem.nodes[v].outputs)
+        if v in cand and temp > threshold_bytes:
+            out.append(v)
+            temp = 0
+    return out
+
+
+def _infeasible(solver: str, budget_bytes: int, peaks: Iterable[int], detail: str) -> InfeasibleBudgetError:
+    return InfeasibleBudgetError(budget_bytes, int(min(peaks)), solver, detail)
+
+
+# --------------------------------------------------------------------- solvers
+@register_solver("none")
+class NoRematSolver(Solver):
+    """Keep every activation: eager PyTorch's plan (free after last use).
+
+    The reference every budget refers to; infeasible whenever the budget is
+    below the no-remat peak.  Its cost (no added time) is optimal when it is
+    feasible, so its status is ``"optimal"`` and it reports the no-remat step
+    time (the sum of node times) as a lower bound, valid for any plan.
+
+    Source: ``torch.fx``'s free-after-last-use schedule, as in
+    :func:`libra_opt.schedule.no_remat_schedule`.
+    """
+
+    name = "none"
+    citation = "No rematerialization: eager PyTorch's free-after-last-use plan (torch.fx liveness)"
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        sched = no_remat_schedule(problem)
+        peak = simulate(problem, sched).peak_bytes
+        if peak > budget_bytes:
+            raise InfeasibleBudgetError(budget_bytes, peak, self.name, "the no-remat peak is over the budget")
+        return RawSolution(sched, status=OPTIMAL, lower_bound_s=problem.total_compute_s,
+                           message="no rematerialization")
+
+
+@register_solver("checkpoint-all")
+class CheckpointAllSolver(Solver):
+    """Recompute every activation that can be recomputed.
+
+    Every storage with a default window (saved for backward) is evicted after
+    its last forward use and recomputed, with its whole recomputation chain
+    back to the graph inputs, before its first backward use; storages of
+    non-recomputable producers (and those whose chain would re-run one) are
+    kept.  The most memory-frugal recompute plan without checkpoints, at a
+    cost quadratic in depth.  Budget-oblivious: one plan.
+
+    Note: Checkmate's baseline of the same name means the opposite (keep all,
+    i.e. ``none``); this one is ``torch.utils.checkpoint`` around every op.
+
+    Source: ``torch.utils.checkpoint.checkpoint`` applied op by op; the
+    store-nothing end of Chen et al. 2016, sec. 4.
+    """
+
+    name = "checkpoint-all"
+    citation = ("torch.utils.checkpoint around every op (store nothing, recompute from the inputs); "
+                "cf. " + _CHEN + ", sec. 4")
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        windows = default_windows(problem)
+        dec = safe_recompute_decisions(problem, windows, windows)
+        sched, sim = _evaluate(problem, dec, windows)
+        if sim.peak_bytes > budget_bytes:
+            raise _infeasible(self.name, budget_bytes, [sim.peak_bytes], "recomputing every activation")
+        n = sum(p == Policy.RECOMPUTE for p in dec.values())
+        return RawSolution(sched, message=f"recompute {n} of {len(windows)} saved activation storages",
+                           extras={"recomputed_storages": n, "kept_storages": len(dec) - n})
+
+
+@dataclass(frozen=True)
+class ChenOptions:
+    """Options of the Chen baselines.
+
+    Attributes
+    ----------
+    candidates : {"articulation", "all"}
+        Where a segment may end: the articulation points of the forward graph
+        (Chen et al.'s choice; :func:`forward_cut_points`) or every forward
+        node (Checkmate's "linearized" variant).
+    """
+
+    candidates: str = "articulation"
+
+    def __post_init__(self):
+        _check_candidates(self.candidates)
+
+
+def _check_candidates(which) -> None:
+    if which not in ("articulation", "all"):
+        raise ValueError(f"candidates={which!r}; use 'articulation' or 'all'")
+
+
+@register_solver("chen-sqrt")
+class ChenSqrtSolver(Solver):
+    """Chen et al.'s sqrt(n) checkpointing.
+
+    Splits the forward into about sqrt(n) segments at candidate positions
+    (``n`` candidates) and keeps the segment boundaries' outputs; every other
+    saved activation is evicted after its forward use, and each segment's
+    forward is replayed once from its kept input when the backward reaches the
+    segment, its results kept for the segment's backward
+    (:func:`segment_windows`).  Budget-oblivious: one plan; infeasible when its
+    peak is over budget.
+
+    Source: Chen, Xu, Zhang, Guestrin, "Training Deep Nets with Sublinear
+    Memory Cost" (2016), sec. 4.1; on DAGs as in Checkmate's baseline (Jain et
+    al., MLSys 2020, sec. 6.1).
+    """
+
+    name = "chen-sqrt"
+    citation = _CHEN + ", sec. 4.1 (sqrt(n) segments)"
+    Options = ChenOptions
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        windows = default_windows(problem)
+        ckpt = chen_sqrt_checkpoints(_candidates(problem, self.options.candidates))
+        dec, segwin = _checkpoint_plan(problem, ckpt, windows)
+        sched, sim = _evaluate(problem, dec, segwin)
+        if sim.peak_bytes > budget_bytes:
+            raise _infeasible(self.name, budget_bytes, [sim.peak_bytes], f"{len(ckpt)} checkpoints")
+        return RawSolution(sched, message=f"{len(ckpt)} checkpoints (segment boundaries)",
+                           extras={"checkpoints": ckpt})
+
+
+@dataclass(frozen=True)
+class ChenGreedyOptions:
+    """Options of ``chen-greedy``.
+
+    Attributes
+    ----------
+    candidates : {"articulation", "all"}
+        As for ``chen-sqrt``.
+    num_thresholds : int
+        Segment budgets ``B`` tried (bytes, geometric between the smallest
+        output and the whole forward's bytes, plus 0).
+    """
+
+    candidates: str = "articulation"
+    num_thresholds: int = 48
+
+    def __post_init__(self):
+        _check_candidates(self.candidates)
+        if not isinstance(self.num_thresholds, int) or self.num_thresholds < 2:
+            raise ValueError(f"num_thresholds={self.num_thresholds!r}; use an int >= 2")
+
+
+@register_solver("chen-greedy")
+class ChenGreedySolver(Solver):
+    """Chen et al.'s greedy segment planning, searched over its threshold.
+
+    For each segment budget ``B`` (:func:`chen_greedy_checkpoints`) the plan
+    keeps the checkpoints' outputs and recomputes the rest; the plan returned
+    is the one with the least added time whose simulated peak is within the
+    memory budget.  Infeasible when no threshold fits; the error states the
+    smallest peak over all thresholds.
+
+    Source: Chen, Xu, Zhang, Guestrin (2016), Algorithm 3 ("memory planning
+    with budget") and sec. 4.2's search over ``B``; swept as in Checkmate's
+    "Chen et al. greedy" baseline (Jain et al., MLSys 2020, sec. 6.1).
+    """
+
+    name = "chen-greedy"
+    citation = _CHEN + ", Algorithm 3 (greedy memory planning with a segment budget)"
+    Options = ChenGreedyOptions
+
+    def thresholds(self, problem: RematProblem) -> list[float]:
+        """Segment budgets tried (bytes), ascending."""
+        sizes = [sum(problem.tensors[t].nbytes for t in problem.nodes[v].outputs)
+                 for v in range(_forward_end(problem))]
+        pos = [s for s in sizes if s > 0]
+        if not pos:
+            return [0.0]
+        lo, hi = min(pos), sum(pos)
+        k = self.options.num_thresholds
+        return [0.0] + list(np.geomspace(lo, hi, k - 1))
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        windows = default_windows(problem)
+        cand = _candidates(problem, self.options.candidates)
+        seen: dict[tuple[int, ...], float] = {}
+        best = None
+        peaks = []
+        for b in self.thresholds(problem):
+            ckpt = tuple(chen_greedy_checkpoints(problem, cand, b))
+            if ckpt in seen:
+                continue
+            seen[ckpt] = b
+            sched, sim = _evaluate(problem, *_checkpoint_plan(problem, ckpt, windows))
+            peaks.append(sim.peak_bytes)
+            if sim.peak_bytes <= budget_bytes:
+                key = (sim.added_s, sim.peak_bytes)
+                if best is None or key < best[0]:
+                    best = (key, sched, ckpt, b)
+        if best is None:
+            raise _infeasible(self.name, budget_bytes, peaks, f"{len(seen)} segment thresholds tried")
+        _, sched, ckpt, b = best
+        return RawSolution(sched, message=f"segment threshold {b:.0f} bytes: {len(ckpt)} checkpoints "
+                                          f"(best of {len(seen)} thresholds)",
+                           extras={"checkpoints": list(ckpt), "threshold_bytes": float(b),
+                                   "thresholds_tried": len(seen)})
+
+
+@dataclass(frozen=True)
+class SwapAllOptions:
+    """Options of ``swap-all``.
+
+    Attributes
+    ----------
+    prefetch : {"auto", "late"} or int
+        Where swap-ins are issued (:func:`libra_opt.lowering.lower`).  If the
+        plan is over budget and this is not ``"late"``, the ``"late"`` plan
+        (less memory in flight, more stalls) is tried too.
+    """
+
+    prefetch: object = "auto"
+
+    def __post_init__(self):
+        ok = self.prefetch in ("auto", "late") or (isinstance(self.prefetch, int)
+                                                    and not isinstance(self.prefetch, bool) and self.prefetch >= 0)
+        if not ok:
+            raise ValueError(f"prefetch={self.prefetch!r}; use 'auto', 'late' or a number of nodes >= 0")
+
+
+@register_solver("swap-all")
+class SwapAllSolver(Solver):
+    """Offload every saved activation to host memory and prefetch it back.
+
+    Every storage with a default window is copied out right after it is
+    produced, released when the copy has finished, and copied back ahead of
+    its first backward use (prefetches placed in reverse order of use so they
+    do not collide on the host-to-device queue).
+
+    Source: ``torch.autograd.graph.save_on_cpu(pin_memory=True)``, with the
+    prefetching of vDNN (Rhu et al., MICRO 2016, sec. III).
+    """
+
+    name = "swap-all"
+    citation = ("torch.autograd.graph.save_on_cpu (offload every saved activation); prefetch as in "
+                "vDNN, Rhu et al., MICRO 2016")
+    Options = SwapAllOptions
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        windows = default_windows(problem)
+        dec = {s: Policy.SWAP for s in windows}
+        tries = [self.options.prefetch] + (["late"] if self.options.prefetch != "late" else [])
+        peaks = []
+        for pf in tries:
+            sched, sim = _evaluate(problem, dec, windows, prefetch=pf)
+            peaks.append(sim.peak_bytes)
+            if sim.peak_bytes <= budget_bytes:
+                return RawSolution(sched, message=f"swap {len(dec)} storages, prefetch={pf!r}",
+                                   extras={"swapped_storages": len(dec), "prefetch": pf})
+        raise _infeasible(self.name, budget_bytes, peaks, "swapping every saved activation")

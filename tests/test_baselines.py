@@ -1,0 +1,231 @@
+"""Baseline solvers (solvers/baselines.py) on hand-made graphs.
+
+Expected peaks and recompute times are derived by hand in the comments, with
+the simulator's rules (outputs allocated when an op starts, tensors freed
+after their last use or their eviction point).
+"""
+import pytest
+
+from libra_opt.errors import InfeasibleBudgetError, ScheduleError
+from libra_opt.lowering import Policy, default_windows, evictions_for, lower
+from libra_opt.problem import BACKWARD, ProblemBuilder
+from libra_opt.schedule import no_remat_schedule
+from libra_opt.simulator import simulate
+from libra_opt.solvers import OPTIMAL, get_solver, solve, solver_class
+from libra_opt.solvers.baselines import (ChenGreedySolver, ChenSqrtSolver, CheckpointAllSolver, NoRematSolver,
+                                         SwapAllSolver, chen_greedy_checkpoints, chen_sqrt_checkpoints,
+                                         forward_cut_points, safe_recompute_decisions, segment_windows)
+
+BASELINES = ["none", "checkpoint-all", "chen-sqrt", "chen-greedy", "swap-all"]
+
+
+def layered_chain(n=9, size=10, time=1.0):
+    """f1..fn (each ``size`` bytes, ``time`` s) then a 1-byte loss; backward g_n..g_1 where g_i reads
+    the incoming gradient and a_{i-1}, the input of layer i (so a_1..a_{n-1} are saved)."""
+    b = ProblemBuilder()
+    acts = [b.input("x", 4)]
+    for i in range(1, n + 1):
+        acts += b.op(f"f{i}", [acts[-1]], [(f"a{i}", size)], time_s=time)
+    (L,) = b.op("loss", [acts[-1]], [("L", 1)], time_s=time)
+    grad = L
+    for i in range(n, 0, -1):
+        out = ("gw", 1) if i == 1 else (f"e{i - 1}", size)
+        (grad,) = b.op(f"g{i}", [grad, acts[i - 1]], [out], time_s=time, phase=BACKWARD)
+    return b.build(outputs=[L, grad]), acts
+
+
+# With n = 9, size 10, 1 s per node (positions: f_i at i-1, loss at 9, g_i at 18-i+1 = 19-i):
+# no remat: after f9 a1..a9 = 90, the loss node adds L: 91.
+NO_REMAT_PEAK = 91
+
+
+def test_registry_names_resolve_to_baselines():
+    assert solver_class("none") is NoRematSolver
+    assert solver_class("checkpoint-all") is CheckpointAllSolver
+    assert solver_class("chen-sqrt") is ChenSqrtSolver
+    assert solver_class("chen-greedy") is ChenGreedySolver
+    assert solver_class("swap-all") is SwapAllSolver
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_baselines_cite_their_source(name):
+    cls = solver_class(name)
+    assert cls.name == name
+    assert len(cls.citation) > 20
+    assert cls.__doc__ and "Source" in cls.__doc__
+
+
+def test_none_keeps_everything():
+    p, _ = layered_chain()
+    r = solve(p, 1.0, "none")
+    assert r.schedule == no_remat_schedule(p)
+    assert r.status == OPTIMAL
+    assert r.peak_bytes == NO_REMAT_PEAK and r.added_s == 0
+    assert r.lower_bound_s == pytest.approx(p.total_compute_s)
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(p, NO_REMAT_PEAK - 1, "none")
+    assert e.value.min_feasible_bytes == NO_REMAT_PEAK
+
+
+def test_checkpoint_all_on_chain():
+    p, _ = layered_chain()
+    r = solve(p, 1.0, "checkpoint-all")
+    # a1..a8 evicted after their forward use: the forward holds 2 activations (20).  Before g_{i+1}
+    # a_i is rebuilt from x: f1..f_i, each step freeing its input: L + e_{i+1} + 2 temps + e_i = 31
+    # at most.  Replays: 8 + 7 + ... + 1 = 36 nodes of 1 s.
+    assert r.peak_bytes == 31
+    assert r.added_s == pytest.approx(36.0)
+    assert r.simulation.recompute_s == pytest.approx(36.0)
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(p, 30, "checkpoint-all")
+    assert e.value.min_feasible_bytes == 31
+
+
+def test_forward_cut_points():
+    p, _ = layered_chain()
+    assert forward_cut_points(p) == list(range(9))  # every layer of a chain; the loss ends the forward
+    # a residual block: a skips over b, c into d
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("fa", [x], [("a", 10)])
+    (tb,) = b.op("fb", [a], [("b", 10)])
+    (tc,) = b.op("fc", [tb], [("c", 10)])
+    (d,) = b.op("fd", [a, tc], [("d", 10)])
+    (e,) = b.op("fe", [d], [("e", 10)])
+    (L,) = b.op("loss", [e], [("L", 1)])
+    (g,) = b.op("g", [L, a, tb, tc, d], [("g", 1)], phase=BACKWARD)
+    res = b.build(outputs=[L, g])
+    # inside the block (after fb, after fc) a still crosses the cut: not articulation points
+    assert forward_cut_points(res) == [0, 3, 4]
+
+
+def test_chen_checkpoint_selection():
+    cand = list(range(9))
+    assert chen_sqrt_checkpoints(cand) == [2, 5, 8]  # k = 3: every third candidate
+    assert chen_sqrt_checkpoints([]) == []
+    p, _ = layered_chain()
+    # running sums of 10 bytes: exceeds 25 at the 3rd node of each segment
+    assert chen_greedy_checkpoints(p, cand, 25) == [2, 5, 8]
+    assert chen_greedy_checkpoints(p, cand, 0) == cand
+    assert chen_greedy_checkpoints(p, cand, 1e9) == []
+    assert chen_greedy_checkpoints(p, [4], 5) == [4]  # only candidates can end a segment
+
+
+def test_segment_windows_end_with_the_segment():
+    p, acts = layered_chain()
+    w = default_windows(p)
+    # a_i is last used in the forward by f_{i+1} (position i) and first in the backward by g_{i+1}
+    # (position 18 - i)
+    assert w[acts[7]] == (7, 11) and w[acts[8]] == (8, 10)
+    seg = segment_windows(p, [2, 5, 8], w, [acts[i] for i in (1, 2, 4, 5, 7, 8)])
+    # segment (f7, f8 | f9) comes back when g9 (position 10) needs a8: a7's window ends there too
+    assert seg[acts[7]] == (7, 10) and seg[acts[8]] == (8, 10)
+    assert seg[acts[1]] == (1, 16) and seg[acts[2]] == (2, 16)
+    assert seg[acts[4]] == (4, 13)
+
+
+def test_chen_sqrt_on_chain():
+    p, _ = layered_chain()
+    r = solve(p, 1.0, "chen-sqrt")
+    assert r.extras["checkpoints"] == [2, 5, 8]  # a3, a6, a9 kept
+    # each segment's forward is replayed once: (f1, f2), (f4, f5), (f7, f8) = 6 s.
+    # Peak: before g9, L + a3 + a6 + replayed a7, a8 = 41, g9 adds e8: 51 (again at g6).
+    assert r.added_s == pytest.approx(6.0)
+    assert r.peak_bytes == 51
+    assert sorted(r.schedule.recomputed_nodes()) == [0, 1, 3, 4, 6, 7]
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(p, 50, "chen-sqrt")
+    assert e.value.min_feasible_bytes == 51
+
+
+def test_chen_greedy_searches_the_threshold():
+    p, _ = layered_chain()
+    # the sqrt plan (threshold in [20, 30) bytes) is among those tried, so greedy is no worse
+    r = solve(p, 51, "chen-greedy")
+    assert r.peak_bytes <= 51 and r.added_s <= 6.0 + 1e-9
+    # with room for everything, threshold 0 checkpoints every layer: nothing recomputed
+    r = solve(p, 1.0, "chen-greedy")
+    assert r.added_s == 0 and r.extras["threshold_bytes"] == 0
+    # the smallest feasible budget it reports is feasible, and one byte less is not
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(p, 20, "chen-greedy")
+    m = e.value.min_feasible_bytes
+    assert 20 < m <= 51
+    assert solve(p, m, "chen-greedy").peak_bytes <= m
+    with pytest.raises(InfeasibleBudgetError):
+        solve(p, m - 1, "chen-greedy")
+
+
+def test_swap_all_on_chain():
+    p, _ = layered_chain()
+    r = solve(p, 1.0, "swap-all")
+    sim = r.simulation
+    # a1..a8 (80 bytes) copied out and back; copies at 55 GB/s hide behind 1 s nodes
+    assert sim.d2h_bytes == 80 and sim.h2d_bytes == 80
+    assert sim.recompute_s == 0 and sim.stall_s < 1e-6
+    # prefetches run one node ahead: g8 sees L + e8 + a7 + a6 (prefetched) + e7 = 41
+    assert r.peak_bytes == 41
+    assert r.extras["prefetch"] == "auto"
+
+
+def test_swap_all_falls_back_to_late_prefetch():
+    p, _ = layered_chain()
+    # prefetching right before use holds one activation at a time: L + e_{i+1} + a_i + e_i = 31
+    r = solve(p, 31, "swap-all")
+    assert r.extras["prefetch"] == "late" and r.peak_bytes == 31
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(p, 30, "swap-all")
+    assert e.value.min_feasible_bytes == 31
+
+
+# ------------------------------------------------------ non-recomputable nodes
+def dropout_chain(save_dropout_output: bool):
+    """f1 -> dropout (not recomputable) -> f3 -> f4 -> loss; z = f3(y) is saved for backward.
+
+    If ``save_dropout_output``, the backward also reads y (the dropout output) after z's use."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("f1", [x], [("a", 10)], time_s=1)
+    (y,) = b.op("dropout", [a], [("y", 10)], time_s=1, recomputable=False)
+    (z,) = b.op("f3", [y], [("z", 10)], time_s=1)
+    (h,) = b.op("f4", [z], [("h", 10)], time_s=1)
+    (L,) = b.op("loss", [h], [("L", 1)], time_s=1)
+    (gz,) = b.op("g4", [L, z], [("gz", 10)], time_s=1, phase=BACKWARD)
+    (gy,) = b.op("g3", [gz, y] if save_dropout_output else [gz], [("gy", 10)], time_s=1, phase=BACKWARD)
+    (gw,) = b.op("g2", [gy, a], [("gw", 1)], time_s=1, phase=BACKWARD)
+    return b.build(outputs=[L, gw]), dict(a=a, y=y, z=z)
+
+
+def test_chain_through_freed_dropout_output_is_kept():
+    p, t = dropout_chain(save_dropout_output=False)
+    # recomputing z would need y, freed after f3, whose producer cannot be replayed
+    with pytest.raises(ScheduleError, match="not recomputable"):
+        lower(p, evictions_for(p, {t["z"]: Policy.RECOMPUTE}))
+    assert safe_recompute_decisions(p, [t["a"], t["z"]]) == {t["a"]: Policy.RECOMPUTE, t["z"]: Policy.KEEP}
+
+
+def test_chain_through_resident_dropout_output_is_fine():
+    p, t = dropout_chain(save_dropout_output=True)
+    # y is saved for g3 (after g4), so it is resident when z is rebuilt for g4
+    dec = safe_recompute_decisions(p, [t["a"], t["y"], t["z"]])
+    assert dec == {t["a"]: Policy.RECOMPUTE, t["y"]: Policy.KEEP, t["z"]: Policy.RECOMPUTE}
+
+
+@pytest.mark.parametrize("saved", [False, True])
+@pytest.mark.parametrize("name", ["checkpoint-all", "chen-sqrt", "chen-greedy", "swap-all"])
+def test_baselines_never_recompute_dropout(name, saved):
+    p, t = dropout_chain(saved)
+    r = solve(p, 1.0, name)
+    dropout = p.node_by_name("dropout").id
+    assert dropout not in r.schedule.recomputed_nodes()
+    simulate(p, r.schedule, r.budget_bytes)  # accepted within budget
+
+
+def test_options_and_unknown_candidates():
+    p, _ = layered_chain()
+    r = solve(p, 1.0, "chen-sqrt", candidates="all")
+    assert r.extras["checkpoints"] == [2, 5, 8]
+    with pytest.raises(ValueError, match="articulation"):
+        solve(p, 1.0, "chen-sqrt", candidates="every")
+    assert get_solver("chen-greedy", num_thresholds=4).thresholds(p)[0] == 0.0
+    assert len(get_solver("chen-greedy", num_thresholds=4).thresholds(p)) == 4

@@ -1,0 +1,348 @@
+"""Lowering of keep / recompute / swap decisions to schedules (libra_opt.lowering).
+
+Every expected peak, recompute time and copy volume below is derived by hand
+in the comments from the simulator's rules: an op's outputs are allocated when
+it starts, a tensor is freed after its last use (or after its eviction
+position), a swapped-out storage is released when its copy has finished, a
+swap-in allocates when issued.
+"""
+import pytest
+
+from libra_opt.errors import ScheduleError
+from libra_opt.lowering import Eviction, Policy, all_windows, default_windows, evictions_for, lower, storage_uses
+from libra_opt.problem import BACKWARD, DeviceProfile, ProblemBuilder
+from libra_opt.schedule import Op, no_remat_schedule
+from libra_opt.simulator import simulate
+
+R, S = Policy.RECOMPUTE, Policy.SWAP
+
+
+def run(problem, decisions, **kw):
+    sched = lower(problem, evictions_for(problem, decisions), **kw)
+    return sched, simulate(problem, sched)
+
+
+# ---------------------------------------------------------------- a chain
+def chain(d2h=10.0, h2d=10.0):
+    """x -> a1(10) -> a2(20) -> a3(40) -> L(1); backward d2(20), d1(10), dw(5).
+
+    Every node takes 1 s; copies move 10 bytes/s by default."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a1,) = b.op("f1", [x], [("a1", 10)], time_s=1)
+    (a2,) = b.op("f2", [a1], [("a2", 20)], time_s=1)
+    (a3,) = b.op("f3", [a2], [("a3", 40)], time_s=1)
+    (L,) = b.op("loss", [a3], [("L", 1)], time_s=1)
+    (d2,) = b.op("b3", [L, a2], [("d2", 20)], time_s=1, phase=BACKWARD)
+    (d1,) = b.op("b2", [d2, a1], [("d1", 10)], time_s=1, phase=BACKWARD)
+    (dw,) = b.op("b1", [d1], [("dw", 5)], time_s=1, phase=BACKWARD)
+    p = b.build(outputs=[L, dw], device=DeviceProfile(h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h))
+    return p, dict(a1=a1, a2=a2, a3=a3, L=L, d2=d2, d1=d1, dw=dw)
+
+
+def test_chain_windows():
+    p, t = chain()
+    # a1 is used at 0 (made), 1, 5; a2 at 1, 2, 4; a3 only in the forward (2, 3): no window.
+    assert storage_uses(p)[t["a1"]] == [0, 1, 5]
+    assert default_windows(p) == {t["a1"]: (1, 5), t["a2"]: (2, 4)}
+    assert (t["a1"], 1, 5) in all_windows(p)
+    # L and dw are step outputs: never evicted
+    assert t["L"] not in storage_uses(p) and t["dw"] not in storage_uses(p)
+
+
+def test_chain_no_decisions_is_no_remat():
+    p, _ = chain()
+    sched, sim = run(p, {})
+    assert sched == no_remat_schedule(p)
+    # C0 10, C1 30, C2 70, C3 71 (a1+a2+a3+L), free a3 -> 31, C4 51 ...
+    assert sim.peak_bytes == 71
+    assert sim.added_s == 0
+
+
+def test_chain_recompute_one():
+    p, t = chain()
+    sched, sim = run(p, {t["a1"]: R})
+    # a1 freed after C1: C2 = a2+a3 = 60, C3 = 61, free a3 -> 21, C4 41, free a2 -> 21,
+    # recompute f1 -> 31, C5 41.
+    assert sim.peak_bytes == 61
+    assert sim.recompute_s == 1.0 and sim.added_s == 1.0
+    assert sched.recomputed_nodes() == [0]
+    assert sched.meta["evictions"] == [[t["a1"], 1, 5, "recompute"]]
+
+
+def test_chain_recompute_chain():
+    p, t = chain()
+    sched, sim = run(p, {t["a1"]: R, t["a2"]: R})
+    # C2: a2+a3 = 60 (a1 gone), then a2 freed; C3 41 -> 1.  Before b3: f1 (11), f2 (31),
+    # free a1 (21), b3 41, free a2 (21).  Before b2: f1 again (31), b2 41.
+    assert sim.peak_bytes == 60
+    assert sim.recompute_s == 3.0  # f1 twice + f2
+    assert sorted(i.arg for i in sched if i.op == Op.COMPUTE) == [0, 0, 0, 1, 1, 2, 3, 4, 5, 6]
+
+
+def test_chain_swap_auto_prefetch_hides_copy():
+    p, t = chain()
+    sched, sim = run(p, {t["a1"]: S})
+    # SwapOut after f1 (copy 1..2 s), Free after f2 at t=2: released at once.  Auto prefetch:
+    # the copy (1 s) must end by b2's start (5 s) -> issued after node 3 (t=4, copy 4..5).
+    ops = [(i.op, i.arg) for i in sched]
+    assert ops.index((Op.SWAP_IN, t["a1"])) == ops.index((Op.COMPUTE, 3)) + 2  # after Compute(loss), Free(a3)
+    assert sim.peak_bytes == 61
+    assert sim.stall_s == 0 and sim.time_s == 7.0 and sim.added_s == 0
+    assert sim.d2h_bytes == 10 and sim.h2d_bytes == 10 and sim.host_peak_bytes == 10
+    assert sim.recompute_s == 0
+
+
+def test_chain_swap_late_prefetch_stalls():
+    p, t = chain()
+    _, sim = run(p, {t["a1"]: S}, prefetch="late")
+    # SwapIn right before b2 (t=5): copy 5..6, b2 waits 1 s.
+    assert sim.stall_s == pytest.approx(1.0)
+    assert sim.time_s == pytest.approx(8.0)
+    assert sim.peak_bytes == 61
+
+
+def test_chain_swap_slow_copy_delays_release():
+    p, t = chain(d2h=5.0)
+    _, sim = run(p, {t["a1"]: S})
+    # copy out takes 2 s (1..3): a1 is still held while f3 runs (t=2): 10+20+40 = 70;
+    # released at t=3, so the loss node sees 20+40+1 = 61.
+    assert sim.peak_bytes == 70
+
+
+def test_chain_explicit_prefetch_position():
+    p, t = chain()
+    sched = lower(p, [Eviction(t["a1"], 1, 5, S, prefetch_after=2)])
+    sim = simulate(p, sched)
+    # swap-in issued after f3 (mem a2+a3 = 60, +10 = 70), then the loss node: 71
+    assert sim.peak_bytes == 71
+    assert sim.stall_s == 0
+
+
+# -------------------------------------------------------------- a diamond
+def diamond():
+    """a(10) feeds b(20) and c(30); d(40) = f(b, c); L(50); small gradients."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("fa", [x], [("a", 10)], time_s=1)
+    (tb,) = b.op("fb", [a], [("b", 20)], time_s=2)
+    (tc,) = b.op("fc", [a], [("c", 30)], time_s=3)
+    (d,) = b.op("fd", [tb, tc], [("d", 40)], time_s=4)
+    (L,) = b.op("loss", [d], [("L", 50)], time_s=1)
+    (gb,) = b.op("gb", [L, tc], [("gb", 2)], time_s=1, phase=BACKWARD)
+    (gc,) = b.op("gc", [L, tb], [("gc", 3)], time_s=1, phase=BACKWARD)
+    (gw,) = b.op("gw", [gb, gc, a], [("gw", 1)], time_s=1, phase=BACKWARD)
+    return b.build(outputs=[L, gw]), dict(a=a, b=tb, c=tc, d=d)
+
+
+def test_diamond_windows():
+    p, t = diamond()
+    assert default_windows(p) == {t["a"]: (2, 7), t["b"]: (3, 6), t["c"]: (3, 5)}
+
+
+@pytest.mark.parametrize("evict, peak, recompute", [
+    # no remat: C4 = a+b+c+d+L = 150
+    ((), 150, 0.0),
+    # b off after fd: C4 = 10+30+40+50 = 130; fb replayed before gc (2 s)
+    (("b",), 130, 2.0),
+    # b, c off: C3 = 100 before they go, C4 = 10+40+50 = 100; fc (3 s) before gb, fb (2 s) before gc
+    (("b", "c"), 100, 5.0),
+    # a, b, c off: a goes after fc (C2 60 -> 50), C3 = 90, C4 = 90; chains: fa+fc (90 at fc), fa+fb, fa
+    (("a", "b", "c"), 90, 8.0),
+])
+def test_diamond_recompute(evict, peak, recompute):
+    p, t = diamond()
+    sched, sim = run(p, {t[k]: R for k in evict})
+    assert sim.peak_bytes == peak
+    assert sim.recompute_s == pytest.approx(recompute)
+    assert sim.added_s == pytest.approx(recompute)
+
+
+def test_diamond_swap_everything():
+    p, t = diamond()
+    sched, sim = run(p, {t[k]: S for k in "abc"})
+    # copies at 55 GB/s take nanoseconds.  a leaves after fc (C2 60 -> 50), b and c after fd
+    # (C3 90 -> 40), C4 = 90 -> 50 without d.  c's window (3, 5) allows its prefetch only after the
+    # loss node, and b's latest stall-free issue point is there too: 50 + 20 + 30 = 100, and gb
+    # (2 bytes) runs with both resident: 102.
+    assert sim.peak_bytes == 102
+    assert sim.recompute_s == 0
+    assert sim.d2h_bytes == 60 and sim.h2d_bytes == 60
+    assert sim.stall_s < 1e-6 and sim.added_s < 1e-6
+    assert sorted(sched.swapped_tensors()) == sorted(t[k] for k in "abc")
+
+
+def test_prefetches_at_one_position_are_issued_in_order_of_use():
+    p, t = diamond()
+    p = p.with_device(h2d_bytes_per_s=50.0, d2h_bytes_per_s=1e9)
+    sched, sim = run(p, {t["b"]: S, t["c"]: S})
+    # both swap-ins can only be issued after the loss node (t = 11 s); c (30 B, 0.6 s) is needed by
+    # gb at 11 s, b (20 B, 0.4 s) by gc at 12 s.  c first: gb waits 0.6 s, b arrives at 12 s: 0.6 s
+    # of stalls.  b first: c arrives at 12 s, 1 s of stalls.
+    ops = [(i.op, i.arg) for i in sched]
+    assert ops.index((Op.SWAP_IN, t["c"])) < ops.index((Op.SWAP_IN, t["b"]))
+    assert sim.stall_s == pytest.approx(0.6)
+
+
+# ------------------------------------------------ a view of a saved activation
+def view_graph():
+    """a2 (20) is saved for backward only through its view a2v (0 bytes)."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a1,) = b.op("f1", [x], [("a1", 10)], time_s=1)
+    (a2,) = b.op("f2", [a1], [("a2", 20)], time_s=2)
+    (a2v,) = b.op("view", [a2], [("a2v", 0, a2)], time_s=0.5)
+    (a3,) = b.op("f3", [a2], [("a3", 40)], time_s=1)
+    (L,) = b.op("loss", [a3], [("L", 50)], time_s=1)
+    (d2,) = b.op("b3", [L, a2v], [("d2", 2)], time_s=1, phase=BACKWARD)
+    (d1,) = b.op("b2", [d2, a1], [("d1", 1)], time_s=1, phase=BACKWARD)
+    (dw,) = b.op("b1", [d1], [("dw", 1)], time_s=1, phase=BACKWARD)
+    return b.build(outputs=[L, dw]), dict(a1=a1, a2=a2, a2v=a2v, a3=a3)
+
+
+def test_view_storage_windows():
+    p, t = view_graph()
+    uses = storage_uses(p)
+    # the storage of a2 is used by f2 (1), view (2), f3 (3) and, through a2v, by b3 (5)
+    assert uses[t["a2"]] == [1, 2, 3, 5]
+    assert t["a2v"] not in uses  # views have no storage of their own
+    assert default_windows(p)[t["a2"]] == (3, 5)
+
+
+def test_view_recompute():
+    p, t = view_graph()
+    base_peak = simulate(p).peak_bytes
+    # no remat: C4 = a1 + a2 (held by a2v) + a3 + L = 120
+    assert base_peak == 120
+    sched, sim = run(p, {t["a2"]: R})
+    # the storage goes after f3 (a2v freed too): C4 = 10+40+50 = 100; before b3 f2 and the view op
+    # are replayed (a1 is still resident): 10+50+20 = 80.
+    assert sim.peak_bytes == 100
+    assert sim.recompute_s == pytest.approx(2.5)
+    assert sched.recomputed_nodes() == [1, 2]
+
+
+def test_view_swap_swaps_base():
+    p, t = view_graph()
+    sched, sim = run(p, {t["a2"]: S})
+    assert sched.swapped_tensors() == [t["a2"]]  # the base, never the view
+    assert sim.d2h_bytes == 20
+    assert sim.peak_bytes == 100
+    # the view is regenerated by replaying the view op on the swapped-in base
+    assert sched.recomputed_nodes() == [2]
+    assert sim.recompute_s == pytest.approx(0.5)
+
+
+# ---------------------------------------------------- a multi-output node
+def multi_output():
+    """pool makes m (30) and idx (8); both are saved for backward."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("f1", [x], [("a", 10)], time_s=1)
+    m, idx = b.op("pool", [a], [("m", 30), ("idx", 8)], time_s=2)
+    (h,) = b.op("f3", [m], [("h", 40)], time_s=1)
+    (L,) = b.op("loss", [h], [("L", 50)], time_s=1)
+    (gm,) = b.op("g1", [L, m], [("gm", 5)], time_s=1, phase=BACKWARD)
+    (gw,) = b.op("g2", [gm, idx, a], [("gw", 1)], time_s=1, phase=BACKWARD)
+    return b.build(outputs=[L, gw]), dict(a=a, m=m, idx=idx)
+
+
+def test_multi_output_recompute_one_output():
+    p, t = multi_output()
+    assert simulate(p).peak_bytes == 138  # C3: a + m + idx + h + L
+    sched, sim = run(p, {t["m"]: R})
+    # m goes after f3: C3 = 10+8+40+50 = 108, free h -> 68.  Replaying pool before g1 makes m again
+    # (98) while idx is resident: its second copy is transient, 98 + 8 = 106.
+    assert sim.peak_bytes == 108
+    assert sim.recompute_s == 2.0
+    assert sched.recomputed_nodes() == [1]
+
+
+def test_multi_output_both_outputs():
+    p, t = multi_output()
+    _, sim = run(p, {t["m"]: R, t["idx"]: R, t["a"]: R})
+    # a and idx go after pool (C1 48 -> 30), m after f3 (C2 70 -> 40), C3 90 -> 50.
+    # Before g1: f1 (60), pool makes m and idx (98), a and idx dropped (80), g1 85, m freed (55).
+    # Before g2 (needs idx and a): f1 (65), pool makes idx and m again (103).
+    assert sim.peak_bytes == 103
+    assert sim.recompute_s == pytest.approx(6.0)  # (f1 + pool) twice
+
+
+# ------------------------------------------------- a non-recomputable node
+def dropout_graph():
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("f1", [x], [("a", 10)], time_s=1)
+    (y,) = b.op("dropout", [a], [("y", 10)], time_s=1, recomputable=False)
+    (h,) = b.op("f3", [y], [("h", 20)], time_s=1)
+    (L,) = b.op("loss", [h], [("L", 30)], time_s=1)
+    (gy,) = b.op("g1", [L, y], [("gy", 2)], time_s=1, phase=BACKWARD)
+    (gw,) = b.op("g2", [gy, a], [("gw", 1)], time_s=1, phase=BACKWARD)
+    return b.build(outputs=[L, gw]), dict(a=a, y=y, h=h)
+
+
+def test_non_recomputable_cannot_be_recomputed():
+    p, t = dropout_graph()
+    with pytest.raises(ScheduleError, match="not recomputable"):
+        lower(p, evictions_for(p, {t["y"]: R}))
+
+
+def test_non_recomputable_can_be_swapped():
+    p, t = dropout_graph()
+    sched, sim = run(p, {t["y"]: S})
+    assert 1 not in sched.recomputed_nodes()
+    assert sim.d2h_bytes == 10 and sim.recompute_s == 0
+    # no remat: C3 = a+y+h+L = 70; y off after f3: C3 = 10+20+30 = 60
+    assert simulate(p).peak_bytes == 70
+    assert sim.peak_bytes == 60
+
+
+def test_recomputable_input_of_dropout_is_fine():
+    p, t = dropout_graph()
+    _, sim = run(p, {t["a"]: R})
+    # a leaves after dropout (C1 20 -> 10); C3 = 10+20+30 = 60; f1 replayed before g2 (1 s)
+    assert sim.peak_bytes == 60
+    assert sim.recompute_s == 1.0
+
+
+# ------------------------------------------------------------------ errors
+def test_overlapping_windows():
+    p, t = chain()
+    # a1 is used at 0, 1, 5: (1, 3) and (2, 5) contain no use but overlap
+    with pytest.raises(ScheduleError, match="overlap"):
+        lower(p, [Eviction(t["a1"], 1, 3, R), Eviction(t["a1"], 2, 5, R)])
+
+
+def test_window_containing_a_use():
+    p, t = chain()
+    # a2 is used at 1, 2, 4: the window (1, 4) contains the use at 2
+    with pytest.raises(ScheduleError, match="contains a use at position 2"):
+        lower(p, [Eviction(t["a2"], 1, 4, R)])
+
+
+def test_evicting_an_output():
+    p, t = chain()
+    with pytest.raises(ScheduleError, match="step output"):
+        lower(p, [Eviction(t["L"], 3, 5, R)])
+
+
+def test_evicting_before_production_or_backwards():
+    p, t = chain()
+    with pytest.raises(ScheduleError, match="before it is produced"):
+        lower(p, [Eviction(t["a2"], 0, 1, R)])
+    with pytest.raises(ScheduleError, match="after < before"):
+        lower(p, [Eviction(t["a1"], 5, 1, R)])
+
+
+def test_keep_entries_are_ignored():
+    p, t = chain()
+    assert lower(p, [Eviction(t["a1"], 1, 5, Policy.KEEP)]) == no_remat_schedule(p)
+
+
+def test_adjacent_windows_regenerate_on_demand():
+    p, t = chain()
+    # a1 has no use at 3: two adjacent windows (1, 3), (3, 5) regenerate it only at its next use (5),
+    # exactly as the single window (1, 5) does
+    split = lower(p, [Eviction(t["a1"], 1, 3, R), Eviction(t["a1"], 3, 5, R)])
+    assert split == lower(p, [Eviction(t["a1"], 1, 5, R)])
+    assert simulate(p, split).recompute_s == 1.0

@@ -1,0 +1,126 @@
+"""``optimize``: capture, profile, plan and wrap a model in one call.
+
+    model + example inputs -> capture -> profile -> RematProblem -> solve -> OptimizedModule
+
+The returned module is used exactly like the model (call it, compute a loss,
+``loss.backward()``, ``optimizer.step()``); every training step executes the
+plan (recompute and swap) found for the memory budget.  ``.plan`` holds the
+:class:`~libra_opt.solvers.SolveResult` (schedule, predicted peak bytes,
+predicted step time).
+
+Source: the pipeline of ``DESIGN.md`` ("The shape").
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .capture import CapturedStep, build_problem, capture
+from .problem import RematProblem
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["optimize", "problem_of"]
+
+#: compute time given to every op when the step is not profiled (seconds)
+UNIT_TIME_S = 1e-6
+
+
+def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = True) -> RematProblem:
+    """The problem of a captured step: profiled on its device with
+    :func:`libra_opt.profiling.profile_step` when ``profile`` (and the
+    profiling module is present), else with every op timed
+    :data:`UNIT_TIME_S` seconds and no workspace.
+
+    Raises
+    ------
+    ProfilingError
+        An op fails while profiling.
+    """
+    if profile:
+        try:
+            from .profiling import device_profile, profile_step
+        except ImportError:  # pragma: no cover - profiling is written in parallel
+            logger.warning("libra_opt.profiling is not available; planning with unit op times")
+        else:
+            t0 = time.perf_counter()
+            measured = profile_step(step, progress=False)
+            logger.info("profiled %s in %.1f s", step.model_name, time.perf_counter() - t0)
+            return build_problem(step, times=measured["times"], workspace=measured["workspace"],
+                                 device=device_profile(step.device), optimizer=optimizer)
+    times = {n.name: UNIT_TIME_S for n in step.joint.graph.nodes if n.op == "call_function"}
+    return build_problem(step, times=times, optimizer=optimizer)
+
+
+def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", example_kwargs: dict | None = None,
+             autocast_dtype: torch.dtype | None = None, loss_fn: Callable | None = None, *,
+             optimizer: str = "adam", profile: bool = True, **solver_options):
+    """Make ``model`` train within a memory budget.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        In training mode, on its device.
+    example_inputs : tensor or tuple
+        Positional example inputs (a single tensor is one argument); the plan
+        is valid for these shapes only.
+    budget : int, float or str
+        Graph-memory budget: bytes, ``"12GiB"``, ``"60%"`` or a float fraction
+        of the no-remat peak (see :func:`libra_opt.units.parse_budget`).
+    solver : str or Solver
+        ``"libra"`` (default), ``"checkmate-milp"``, ``"checkmate-lp"``,
+        ``"none"``, ``"checkpoint-all"``, ``"chen-sqrt"``, ``"chen-greedy"``,
+        ``"swap-all"``, or any registered solver.
+    example_kwargs : dict, optional
+        Keyword example inputs.
+    autocast_dtype : torch.dtype, optional
+        Capture and run under ``torch.autocast`` with this dtype.
+    loss_fn : callable, optional
+        ``loss_fn(output) -> scalar``: plan model plus loss; the module then
+        returns the loss.
+    optimizer : {"adam", "adamw", "sgd", "none"}
+        Optimizer whose state is counted in the fixed memory.
+    profile : bool
+        Measure op times on the device (default); ``False`` plans with unit
+        op times (fast; for tests).
+    **solver_options
+        Passed to the solver (its ``Options`` dataclass).
+
+    Returns
+    -------
+    OptimizedModule
+        Called like ``model``; ``.plan`` is the :class:`~libra_opt.solvers.SolveResult`.
+
+    Raises
+    ------
+    CaptureError
+        The model does not capture as one graph (the message names the break).
+    InfeasibleBudgetError
+        No plan fits the budget (the message gives the smallest feasible one found).
+    SolverNotFoundError, SolverUnavailableError
+
+    Notes
+    -----
+    The plan is made for the example inputs' shapes: calling the module with
+    other shapes raises :class:`~libra_opt.errors.ShapeMismatchError`
+    (TorchDynamo recompiles for the new shapes and the runtime's backend
+    refuses them); optimize again for each shape you train with.  Under
+    ``torch.no_grad()`` the module runs the model without a plan.
+    ``backward(retain_graph=True)`` is not supported.
+    """
+    from .runtime.module import OptimizedModule
+    from .solvers import solve
+
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    t0 = time.perf_counter()
+    step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
+    problem = problem_of(step, optimizer=optimizer, profile=profile)
+    result = solve(problem, budget, solver, **solver_options)
+    logger.info("optimize(%s): solver %s, predicted peak %d bytes (budget %d) in %.1f s", step.model_name,
+                result.solver, result.peak_bytes, result.budget_bytes, time.perf_counter() - t0)
+    return OptimizedModule(model, problem, result, example_shapes=step.example_shapes,
+                           autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device)

@@ -1,0 +1,191 @@
+"""``libra-opt max-batch``: the OOM-safe search, the no-CUDA refusal, the
+simulated prediction, and the reference training methods (CPU)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from libra_opt.errors import InfeasibleBudgetError, LibraOptError
+from libra_opt.max_batch import (Trial, fixed_memory_bytes, make_train_step, max_batch, oom_safe,
+                                 predict_max_batch, scale_problem, search_max_batch, solver_budget)
+
+
+# ------------------------------------------------------------------ search
+class FakeGPU:
+    """A step that "runs out of memory" above ``max_ok``, like a real one:
+    by raising ``torch.OutOfMemoryError``."""
+
+    def __init__(self, max_ok: int):
+        self.max_ok = max_ok
+        self.calls: list[int] = []
+
+    def __call__(self, batch: int):
+        self.calls.append(batch)
+        if batch > self.max_ok:
+            raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {batch} GiB")
+        return {"peak": batch}
+
+
+@pytest.mark.parametrize("max_ok", [1, 2, 3, 5, 7, 8, 9, 63, 64, 65, 100, 1000])
+def test_search_finds_exactly_the_largest_fitting_batch(max_ok):
+    step = FakeGPU(max_ok)
+    res = search_max_batch(oom_safe(step))
+    assert res.batch == max_ok
+    assert res.first_failure == max_ok + 1
+    # exponential then binary: about 2 log2(max) probes, never a batch probed twice
+    assert len(step.calls) == len(set(step.calls))
+    assert len(step.calls) <= 2 * math.ceil(math.log2(max_ok + 1)) + 2
+    ok = [t for t in res.trials if t.fits]
+    assert all(t.batch <= max_ok for t in ok) and all(t.batch > max_ok for t in res.trials if not t.fits)
+    assert res.trial(max_ok).info == {"peak": max_ok}
+    assert "out of memory" in res.trial(max_ok + 1).reason
+
+
+def test_search_when_nothing_fits_and_from_a_larger_start():
+    assert search_max_batch(oom_safe(FakeGPU(0))).batch == 0
+    # start above the maximum: binary search below it
+    step = FakeGPU(5)
+    res = search_max_batch(oom_safe(step), start=16)
+    assert res.batch == 5 and step.calls[0] == 16
+
+
+def test_search_stops_at_the_limit():
+    res = search_max_batch(lambda b: True, limit=40)
+    assert res.batch == 40 and res.limit_reached
+    assert [t.batch for t in res.trials] == [1, 2, 4, 8, 16, 32, 40]
+
+
+def test_search_accepts_bools_and_rejects_bad_arguments():
+    assert search_max_batch(lambda b: b <= 11).batch == 11
+    with pytest.raises(ValueError):
+        search_max_batch(lambda b: True, start=0)
+    with pytest.raises(ValueError):
+        search_max_batch(lambda b: True, start=8, limit=4)
+
+
+def test_oom_safe_counts_infeasible_budget_as_no_fit_and_reraises_other_errors():
+    def no_plan(b):
+        raise InfeasibleBudgetError(100, 200, "libra")
+
+    t = oom_safe(no_plan)(3)
+    assert isinstance(t, Trial) and not t.fits and "no plan" in t.reason
+
+    def bug(b):
+        raise KeyError("a real bug")
+
+    with pytest.raises(KeyError):
+        oom_safe(bug)(1)
+    # cuBLAS reports an allocation failure as a RuntimeError
+    assert not oom_safe(lambda b: (_ for _ in ()).throw(RuntimeError("CUBLAS_STATUS_ALLOC_FAILED")))(1).fits
+
+
+# ------------------------------------------------------------- no CUDA
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_max_batch_without_cuda_refuses_clearly():
+    with pytest.raises(LibraOptError, match="max-batch needs a CUDA GPU for a hard cap"):
+        max_batch("gpt2-tiny", "16GiB", "libra")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_cli_max_batch_without_cuda_exits_with_the_message(capsys):
+    from libra_opt.cli import main
+
+    assert main(["max-batch", "--model", "gpt2-tiny", "--memory", "16GiB"]) == 2
+    assert "needs a CUDA GPU for a hard cap" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------ budget maths
+def test_fixed_memory_and_solver_budget():
+    model = torch.nn.Sequential(torch.nn.Linear(10, 20), torch.nn.BatchNorm1d(20))
+    x = torch.zeros(4, 10)
+    f = fixed_memory_bytes(model, (x,))
+    params = (10 * 20 + 20 + 20 + 20) * 4
+    buffers = (20 + 20) * 4 + 8  # running mean, var, num_batches_tracked (int64)
+    assert f["parameters"] == params and f["buffers"] == buffers
+    assert f["optimizer_state"] == 2 * params and f["inputs"] == 4 * 10 * 4
+    assert f["total"] == params + buffers + 2 * params + 160
+    assert solver_budget(1000, 300, 0.1) == 600
+    assert solver_budget(1000, 300, 50) == 650
+    with pytest.raises(InfeasibleBudgetError):
+        solver_budget(1000, 990, 0.05)
+
+
+# ------------------------------------------------------ reference methods
+@pytest.mark.parametrize("method", ["none", "checkpoint", "save-on-cpu"])
+def test_reference_methods_train_like_eager(method):
+    """Per-block checkpointing and save-on-cpu change where activations live,
+    not the maths: the same losses as eager over two AdamW steps."""
+    from libra_opt.zoo import build_model
+
+    ref = make_train_step("none", build_model("gpt2-tiny", 2, 16))
+    other = make_train_step(method, build_model("gpt2-tiny", 2, 16))
+    for _ in range(2):
+        a, b = ref(), other()
+        assert a == pytest.approx(b, rel=1e-5)
+
+
+def test_checkpoint_wraps_the_repeated_blocks():
+    from libra_opt.max_batch import _block_modules
+    from libra_opt.zoo import build_model
+
+    assert len(_block_modules(build_model("gpt2-tiny", 1, 8).model)) == 2
+    assert len(_block_modules(build_model("resnet-tiny", 1, 32).model)) == 2  # basic blocks 1-1
+
+
+# ---------------------------------------------------------- --simulate
+@pytest.fixture(scope="module")
+def tiny_profiles():
+    from libra_opt.profiling import profile
+
+    return tuple(profile("gpt2-tiny", batch=b, seq=32, device="cpu", warmup=0, repeats=1, progress=False)
+                 for b in (2, 4))
+
+
+def test_scale_problem_is_linear_in_the_batch(tiny_profiles):
+    from libra_opt.simulator import no_remat_peak
+
+    p2, p4 = tiny_profiles
+    assert [t.nbytes for t in scale_problem(p2, 2, p4, 4, 4).tensors] == [t.nbytes for t in p4.tensors]
+    p8 = scale_problem(p2, 2, p4, 4, 8)
+    for a, b, c in zip(p2.tensors, p4.tensors, p8.tensors):
+        assert c.nbytes == max(0, b.nbytes + 2 * (b.nbytes - a.nbytes))  # slope per 2 batches
+    assert p8.fixed.parameters_bytes == p4.fixed.parameters_bytes
+    assert p8.fixed.inputs_bytes == 3 * p4.fixed.inputs_bytes - 2 * p2.fixed.inputs_bytes  # v2 + 2 (v4 - v2)
+    assert no_remat_peak(p8) > no_remat_peak(p4)
+
+
+def test_simulate_predicts_libra_batch_at_least_eager(tiny_profiles):
+    from libra_opt.simulator import no_remat_peak
+
+    p2, p4 = tiny_profiles
+    # a cap where eager fits a batch of about 8: fixed memory + 8/4 of batch 4's peak, plus the reserve
+    cap = int((p4.fixed.resident_bytes + 2 * no_remat_peak(p4)) / 0.95)
+    eager = predict_max_batch("gpt2-tiny", cap, "none", seq=32, problems=tiny_profiles, progress=False)
+    assert eager.predicted and eager.batch >= 4
+    # eager's answer is right by the simulator: it fits, one more does not
+    budget = cap - int(0.05 * cap)
+    at = scale_problem(p2, 2, p4, 4, eager.batch)
+    assert no_remat_peak(at) + at.fixed.resident_bytes <= budget
+    above = scale_problem(p2, 2, p4, 4, eager.batch + 1)
+    assert no_remat_peak(above) + above.fixed.resident_bytes > budget
+    planned = predict_max_batch("gpt2-tiny", cap, "libra", seq=32, problems=tiny_profiles, progress=False)
+    assert planned.batch >= eager.batch
+    assert planned.peak_bytes <= budget and planned.samples_per_s > 0
+    assert "PREDICTION" in planned.summary()
+
+
+def test_simulate_refuses_pytorch_reference_methods(tiny_profiles):
+    with pytest.raises(LibraOptError, match="not PyTorch's"):
+        predict_max_batch("gpt2-tiny", "1GiB", "checkpoint", problems=tiny_profiles, progress=False)
+
+
+def test_oom_wrapped_by_another_exception_still_counts_as_no_fit():
+    def compiled_step(b):
+        try:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        except torch.OutOfMemoryError as e:
+            raise ValueError("backend compiler failed") from e
+
+    assert not oom_safe(compiled_step)(2).fits

@@ -20,7 +20,7 @@ libra-swap          libra-opt, ``libra`` with ``policy="swap"``
 Parts (``--parts``, default all):
 
 - ``maxbatch``: the largest batch each method trains under the cap (OOM-safe
-  exponential + binary search, :func:`libra_opt.max_batch.search_max_batch`)
+  exponential + binary search, :func:`libra_opt.batch_search.search_max_batch`)
   and its samples/s at that batch;
 - ``common``: samples/s of every method at one common batch (default: eager's
   max batch), as ratios to eager;
@@ -66,9 +66,10 @@ from typing import Any
 
 import torch
 
+from libra_opt.batch_search import free_device_memory, oom_safe, search_max_batch
 from libra_opt.errors import LibraOptError
-from libra_opt.max_batch import (TrainStep, fixed_memory_bytes, free_device_memory, make_train_step, memory_cap,
-                                 oom_safe, search_max_batch, solver_budget, time_steps)
+from libra_opt.max_batch import memory_cap
+from libra_opt.train_methods import TrainStep, fixed_memory_bytes, make_train_step, solver_budget, time_steps
 from libra_opt.units import format_bytes, parse_bytes
 from libra_opt.zoo import build_model
 
@@ -88,7 +89,7 @@ SMOKE_MODEL = ("gpt2-tiny", 16)
 @dataclasses.dataclass(frozen=True)
 class Method:
     """One method: ``kind`` is ``"reference"`` (a PyTorch method of
-    :func:`libra_opt.max_batch.make_train_step`), ``"compile"`` (torch.compile
+    :func:`libra_opt.train_methods.make_train_step`), ``"compile"`` (torch.compile
     with ``activation_memory_budget = amb``) or ``"solver"`` (libra-opt with
     ``solver`` and ``options``); ``family`` groups the budget sweep."""
 

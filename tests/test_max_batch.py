@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from libra_opt.errors import InfeasibleBudgetError, LibraOptError
-from libra_opt.max_batch import (Trial, fixed_memory_bytes, make_train_step, max_batch, oom_safe,
-                                 predict_max_batch, scale_problem, search_max_batch, solver_budget)
+from libra_opt.batch_search import Trial, oom_safe, search_max_batch
+from libra_opt.max_batch import max_batch, predict_max_batch, scale_problem
+from libra_opt.train_methods import fixed_memory_bytes, make_train_step, solver_budget
 
 
 # ------------------------------------------------------------------ search
@@ -127,7 +128,7 @@ def test_reference_methods_train_like_eager(method):
 
 
 def test_checkpoint_wraps_the_repeated_blocks():
-    from libra_opt.max_batch import _block_modules
+    from libra_opt.train_methods import _block_modules
     from libra_opt.zoo import build_model
 
     assert len(_block_modules(build_model("gpt2-tiny", 1, 8).model)) == 2

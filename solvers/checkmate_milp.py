@@ -1,0 +1,412 @@
+"""``checkmate-milp``: Checkmate's optimal rematerialization MILP.
+
+Source: Jain et al., *Checkmate: Breaking the Memory Wall with Optimal Tensor
+Rematerialization*, MLSys 2020, section 4 (MILP over ``R``, ``S``, ``FREE``,
+``U`` with frontier-advancing stages).  The formulation is in
+:mod:`libra_opt.solvers.checkmate_model`, the plan read off ``(R, S)`` in
+:mod:`libra_opt.solvers.checkmate_plan`.  As in the reference implementation
+(``parasj/checkmate``, ``strategy_optimal_ilp.py``), ``R`` is re-derived from
+the solution's ``S`` with ``solve_r_opt``, which removes spurious
+recomputations.
+
+Backends: OR-Tools ``pywraplp`` with SCIP (or CBC if SCIP is not built in),
+or PuLP with CBC.  Recompute only (no swapping).  The model has O(n^2)
+variables: problems with more than ``max_nodes`` nodes are coarsened first
+(:mod:`libra_opt.solvers.coarsen`) and the plan expanded back; the result's
+message and ``extras["coarsened"]`` say so, and the MILP bound then holds for
+the coarse model only, so it is reported in ``extras`` and not as
+``lower_bound_s``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from libra_opt.errors import SolverError
+
+from .base import Solver
+from .checkmate_model import CheckmateModel, model_peak_bytes
+from .checkmate_plan import CheckmateSetup, no_remat_if_fits, rs_from_s
+from .registry import register_solver
+from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("ortools", "pulp")
+ORTOOLS_SOLVERS = ("auto", "SCIP", "CBC")
+
+
+@dataclass(frozen=True)
+class CheckmateMILPOptions:
+    """Options of ``checkmate-milp``.
+
+    Attributes
+    ----------
+    backend : {"ortools", "pulp"}
+        ``"ortools"``: OR-Tools ``pywraplp``; ``"pulp"``: PuLP with its CBC.
+    ortools_solver : {"auto", "SCIP", "CBC"}
+        The MIP engine behind ``pywraplp``; ``"auto"`` takes SCIP if built in,
+        else CBC.
+    time_limit_s : float
+        Wall-clock limit of the whole solve (warm start included; the MILP
+        itself gets what is left, at least 1 s), seconds.
+    mip_gap : float
+        Relative optimality gap at which the solve stops (0.0001 = 0.01 %).
+    warm_start : bool
+        Give the solver a starting solution (``SetHint`` / PuLP initial
+        values with ``warmStart``): the cheapest of the heuristic plans (no
+        remat, recompute-forward) and Checkmate's LP rounding
+        (:func:`~libra_opt.solvers.checkmate_lp.round_lp`, given at most half
+        of ``time_limit_s``) that fits the model's budget.  If the MILP stops
+        at its time limit without a better plan, that plan is returned
+        (status ``"time_limit"``); the LP value also serves as a lower bound.
+    threads : int or None
+        Solver threads; None for the backend's default.
+    coarsen : "auto", "none" or int
+        ``"auto"``: coarsen problems with more than ``max_nodes`` nodes to
+        ``max_nodes``; an int: coarsen to that many nodes; ``"none"``: never.
+    max_nodes : int
+        Size used by ``coarsen="auto"``.
+    values : {"auto", "tensor", "node"}
+        ``S`` per value = outputs of a node with the same users (``"tensor"``,
+        exact) or per node (``"node"``, Checkmate's; fewer variables).
+        ``"auto"``: ``"tensor"`` unless the problem was coarsened.
+    verbose : bool
+        Let the backend print its log.
+    """
+
+    backend: str = "ortools"
+    ortools_solver: str = "auto"
+    time_limit_s: float = 60.0
+    mip_gap: float = 1e-4
+    warm_start: bool = True
+    threads: int | None = None
+    coarsen: str | int = "auto"
+    max_nodes: int = 100
+    values: str = "auto"
+    verbose: bool = False
+
+
+@dataclass
+class _MipResult:
+    x: np.ndarray | None
+    status: str          # "optimal", "feasible", "infeasible", "no_solution"
+    objective: float | None
+    bound: float | None
+    hit_time_limit: bool
+    engine: str
+
+
+@register_solver("checkmate-milp")
+class CheckmateMILPSolver(Solver):
+    """Checkmate's MILP (optimal recomputation plan under the model).
+
+    Statuses: ``"optimal"`` (proven within ``mip_gap``), ``"time_limit"``
+    (stopped at ``time_limit_s`` with a plan), ``"feasible"`` (a plan without
+    proof: a warm-start plan the simulator accepts although it lies outside
+    the model, see the restrictions in
+    :mod:`~libra_opt.solvers.checkmate_model`).  An infeasible budget raises
+    :class:`~libra_opt.errors.InfeasibleBudgetError` whose
+    ``min_feasible_bytes`` is the smallest simulated peak among the plans
+    tried (no remat, recompute-forward, LP rounding): a budget shown feasible.
+
+    ``lower_bound_s`` is the best of the MILP's bound, the LP value and the
+    no-remat compute time, in seconds of compute (= step time of a
+    recompute-only plan), when the model was built on the problem itself.
+    """
+
+    name = "checkmate-milp"
+    requires = ("numpy", "scipy")
+    citation = ("Jain et al., Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization, "
+                "MLSys 2020, sec. 4")
+    Options = CheckmateMILPOptions
+
+    def _check_options(self) -> None:
+        o = self.options
+        if o.backend not in BACKENDS:
+            raise ValueError(f"checkmate-milp: unknown backend {o.backend!r}; use one of {BACKENDS}")
+        if o.ortools_solver not in ORTOOLS_SOLVERS:
+            raise ValueError(f"checkmate-milp: unknown ortools_solver {o.ortools_solver!r}; use one of "
+                             f"{ORTOOLS_SOLVERS}")
+        if not o.time_limit_s > 0:
+            raise ValueError(f"checkmate-milp: time_limit_s must be positive, got {o.time_limit_s}")
+        if not 0 <= o.mip_gap < 1:
+            raise ValueError(f"checkmate-milp: mip_gap must be in [0, 1), got {o.mip_gap}")
+        if o.threads is not None and o.threads < 1:
+            raise ValueError(f"checkmate-milp: threads must be a positive integer or None, got {o.threads}")
+        if o.max_nodes < 2:
+            raise ValueError(f"checkmate-milp: max_nodes must be at least 2, got {o.max_nodes}")
+        mod = "ortools" if o.backend == "ortools" else "pulp"
+        import importlib.util
+
+        if importlib.util.find_spec(mod) is None:
+            from libra_opt.errors import SolverUnavailableError
+
+            raise SolverUnavailableError(f"checkmate-milp backend {o.backend!r} needs {mod}, which is not "
+                                         f"installed: pip install {mod}")
+
+    # ------------------------------------------------------------------ solve
+    def _solve(self, problem, budget_bytes: int) -> RawSolution:
+        self._check_options()
+        o = self.options
+        trivial = no_remat_if_fits(problem, budget_bytes)
+        if trivial is not None:
+            trivial.meta.update({"solver": self.name})
+            return RawSolution(trivial, OPTIMAL, lower_bound_s=problem.total_compute_s,
+                               message="the no-remat plan fits the budget (no recomputation needed)",
+                               extras={"coarsened": False})
+        deadline = time.perf_counter() + o.time_limit_s
+        setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values)
+        g = setup.graph
+        extras = dict(setup.describe(), backend=o.backend)
+        heur = setup.heuristics()
+        pool = list(heur)
+        lp_value_s = None
+        if o.warm_start and g.min_stage_bytes() <= budget_bytes:
+            # Checkmate's LP rounding (sec. 5) is cheap next to the MILP: a starting plan and a bound
+            from .checkmate_lp import round_lp
+
+            t_lp = time.perf_counter()
+            try:
+                rr = round_lp(setup, budget_bytes, time_limit_s=max(o.time_limit_s / 2, 1.0),
+                              deadline=t_lp + o.time_limit_s / 2)
+            except SolverError as e:  # the LP is only a warm start
+                log.info("checkmate-milp: no LP warm start: %s", e)
+            else:
+                lp_value_s = rr.lp_value_s
+                if rr.best is not None:
+                    pool.append(rr.best)
+            extras["warm_start_lp_s"] = time.perf_counter() - t_lp
+        fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
+
+        model_budget = budget_bytes
+        res = None
+        model = None
+        for attempt in range(3):
+            model = CheckmateModel(g, model_budget, integral=True)
+            if model.infeasible_reason is not None:
+                res = _MipResult(None, "infeasible", None, None, False, "bounds")
+                break
+            extras.update(num_vars=model.num_vars, num_rows=model.num_rows)
+            hint = None
+            if o.warm_start:
+                ok = [(c.time_s, c) for c in pool if model_peak_bytes(g, c.R, c.S) <= model_budget]
+                if ok:
+                    best = min(ok, key=lambda z: z[0])[1]
+                    hint = model.assignment(best.R, best.S)
+                    extras["warm_start"] = best.name
+            left = max(deadline - time.perf_counter(), 1.0)
+            if o.backend == "ortools":
+                res = _solve_ortools(model, hint, left, o)
+            else:
+                res = _solve_pulp(model, hint, left, o)
+            extras["engine"] = res.engine
+            if res.x is None:
+                break
+            R, S = rs_from_s(g, model.decode(res.x)[1])
+            cand = setup.candidate("milp", R, S, {"solver": self.name})
+            if cand.peak_bytes <= budget_bytes:
+                break
+            # the solver's feasibility tolerance let the model go a little over: tighten and retry
+            over = cand.peak_bytes - budget_bytes
+            log.info("checkmate-milp: plan is %d bytes over the budget (solver tolerance); tightening", over)
+            model_budget = model_budget - 2 * over - 1
+            res = _MipResult(None, "no_solution", None, None, False, res.engine)
+
+        lb_scale = model.time_scale if model is not None else 1.0
+        if res is not None and res.bound is not None and abs(res.bound) < 1e20:
+            extras["best_bound_s"] = res.bound * lb_scale
+        if res is None or res.x is None:
+            if fitting:
+                c = fitting[0]
+                why = ("the MILP model is infeasible at this budget (it excludes some plans the simulator accepts)"
+                       if res is not None and res.status == "infeasible" else
+                       "the MILP found no solution within the time limit")
+                c.schedule.meta.update({"solver": self.name})
+                status = TIME_LIMIT if res is not None and res.hit_time_limit else FEASIBLE
+                return RawSolution(c.schedule, status, None,
+                                   f"{why}; returning the {c.name} plan, which the simulator accepts"
+                                   f"{setup.note()}", dict(extras, heuristic=c.name))
+            if res is not None and res.status == "infeasible":
+                raise setup.infeasible(budget_bytes, pool, "the Checkmate MILP is infeasible at this budget"
+                                       + (f": {model.infeasible_reason}" if model.infeasible_reason else ""))
+            raise SolverError(f"checkmate-milp found no plan within {o.time_limit_s} s, and neither the "
+                              f"heuristic plans nor the LP rounding fit the budget; raise time_limit_s or the "
+                              f"budget, or coarsen further (coarsen=<nodes>)")
+        status = OPTIMAL if res.status == "optimal" else (TIME_LIMIT if res.hit_time_limit else FEASIBLE)
+        objective_s = res.objective * lb_scale if res.objective is not None else None
+        extras.update(objective_s=objective_s)
+        msg = f"{res.engine}: {res.status}" + (" (time limit)" if res.hit_time_limit else "")
+        if fitting and fitting[0].time_s < cand.time_s:  # stopped early with a plan worse than its start
+            cand = fitting[0]
+            msg += f"; the {cand.name} plan is cheaper than the MILP's incumbent and is returned"
+            extras["returned"] = cand.name
+            if status == OPTIMAL:  # cheaper than the model's optimum: a plan outside the model
+                status = FEASIBLE
+        lower = None
+        if not setup.coarsened:
+            # every node runs at least once, so the no-remat compute time is a bound too
+            bounds = [problem.total_compute_s]
+            if res.bound is not None and np.isfinite(res.bound) and abs(res.bound) < 1e20:
+                bounds.append(res.bound * lb_scale)
+            if lp_value_s is not None:
+                bounds.append(lp_value_s)
+            lower = min(max(bounds), cand.time_s)
+        cand.schedule.meta.update({"solver": self.name, "status": status})
+        return RawSolution(cand.schedule, status, lower, msg + setup.note(), extras)
+
+
+# ---------------------------------------------------------------------------
+# backends
+# ---------------------------------------------------------------------------
+def _solve_ortools(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions) -> _MipResult:
+    """Solve ``model`` with OR-Tools ``pywraplp`` (SCIP or CBC)."""
+    from ortools.linear_solver import pywraplp
+
+    engines = ("SCIP", "CBC") if o.ortools_solver == "auto" else (o.ortools_solver,)
+    solver = None
+    engine = ""
+    for engine in engines:
+        solver = pywraplp.Solver.CreateSolver(engine)
+        if solver is not None:
+            break
+    if solver is None:
+        from libra_opt.errors import SolverUnavailableError
+
+        raise SolverUnavailableError(f"OR-Tools was built without {' or '.join(engines)}; use backend='pulp'")
+    inf = solver.infinity()
+    xs = []
+    for j in range(model.num_vars):
+        lo, hi = float(model.lb[j]), float(model.ub[j])
+        if model.integer[j]:
+            xs.append(solver.IntVar(lo, hi, ""))
+        else:
+            xs.append(solver.NumVar(lo, hi, ""))
+    A = model.A
+    for r in range(model.num_rows):
+        lo = model.row_lb[r]
+        hi = model.row_ub[r]
+        c = solver.Constraint(-inf if np.isinf(lo) else float(lo), inf if np.isinf(hi) else float(hi))
+        for k in range(A.indptr[r], A.indptr[r + 1]):
+            c.SetCoefficient(xs[A.indices[k]], float(A.data[k]))
+    objective = solver.Objective()
+    for j in np.flatnonzero(model.obj):
+        objective.SetCoefficient(xs[j], float(model.obj[j]))
+    objective.SetMinimization()
+    if hint is not None:
+        solver.SetHint(xs, [float(v) for v in hint])
+    if o.threads is not None:
+        solver.SetNumThreads(int(o.threads))
+    if o.verbose:
+        solver.EnableOutput()
+    solver.SetTimeLimit(int(time_limit_s * 1000))
+    params = pywraplp.MPSolverParameters()
+    params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, float(o.mip_gap))
+    t0 = time.perf_counter()
+    st = solver.Solve(params)
+    took = time.perf_counter() - t0
+    hit = took >= 0.98 * time_limit_s
+    if st in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
+        x = np.array([v.solution_value() for v in xs])
+        status = "optimal" if st == pywraplp.Solver.OPTIMAL else "feasible"
+        bound = objective.BestBound()
+        return _MipResult(x, status, objective.Value(), bound if np.isfinite(bound) else None,
+                          hit and status != "optimal", f"ortools-{engine}")
+    if st == pywraplp.Solver.INFEASIBLE:
+        return _MipResult(None, "infeasible", None, None, False, f"ortools-{engine}")
+    return _MipResult(None, "no_solution", None, None, hit, f"ortools-{engine}")
+
+
+def _pulp_model(model: CheckmateModel, integral: bool):
+    """The model as a ``pulp.LpProblem``; returns ``(problem, variables)``."""
+    import pulp
+
+    prob = pulp.LpProblem("checkmate", pulp.LpMinimize)
+    xs = []
+    add = getattr(prob, "add_variable", None)  # PuLP >= 3.3; LpVariable(...) before
+    for j in range(model.num_vars):
+        cat = pulp.LpInteger if (integral and model.integer[j]) else pulp.LpContinuous
+        lo, hi = float(model.lb[j]), float(model.ub[j])
+        xs.append(add(f"x{j}", lo, hi, cat) if add is not None else
+                  pulp.LpVariable(f"x{j}", lowBound=lo, upBound=hi, cat=cat))
+    nz = np.flatnonzero(model.obj)
+    prob += pulp.LpAffineExpression([(xs[j], float(model.obj[j])) for j in nz]), "compute"
+    A = model.A
+    for r in range(model.num_rows):
+        expr = pulp.LpAffineExpression([(xs[A.indices[k]], float(A.data[k]))
+                                        for k in range(A.indptr[r], A.indptr[r + 1])])
+        lo, hi = model.row_lb[r], model.row_ub[r]
+        if lo == hi:
+            prob += pulp.LpConstraint(expr, pulp.LpConstraintEQ, f"r{r}", float(lo))
+        else:
+            if np.isfinite(hi):
+                prob += pulp.LpConstraint(expr, pulp.LpConstraintLE, f"r{r}", float(hi))
+            if np.isfinite(lo):
+                prob += pulp.LpConstraint(expr, pulp.LpConstraintGE, f"r{r}g", float(lo))
+    return prob, xs
+
+
+def cbc_command(**kw):
+    """PuLP's bundled CBC (``PULP_CBC_CMD``), without its PuLP-4 deprecation
+    warning (the bundled binary is what ``pip install pulp`` provides)."""
+    import warnings
+
+    import pulp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(**kw)
+
+
+_CBC_BOUND = re.compile(r"(?:Lower bound|Best possible)\s*:?\s*(-?[0-9.eE+-]+)")
+
+
+def _solve_pulp(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions) -> _MipResult:
+    """Solve ``model`` with PuLP's CBC."""
+    import pulp
+
+    prob, xs = _pulp_model(model, integral=True)
+    if hint is not None:
+        for v, val in zip(xs, hint):
+            v.setInitialValue(float(val))
+    with tempfile.TemporaryDirectory(prefix="libra_cbc_") as tmp:
+        log_path = os.path.join(tmp, "cbc.log")
+        kw = dict(msg=bool(o.verbose), timeLimit=float(time_limit_s), gapRel=float(o.mip_gap),
+                  warmStart=hint is not None, logPath=log_path)
+        if o.threads is not None:
+            kw["threads"] = int(o.threads)
+        cmd = cbc_command(**kw)
+        t0 = time.perf_counter()
+        prob.solve(cmd)
+        took = time.perf_counter() - t0
+        try:
+            with open(log_path) as f:
+                text = f.read()
+        except OSError:
+            text = ""
+    hit = took >= 0.98 * time_limit_s or "Stopped on time" in text
+    sol = prob.sol_status
+    if sol in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        x = np.array([v.value() if v.value() is not None else 0.0 for v in xs])
+        obj = float(pulp.value(prob.objective) or 0.0)
+        m = _CBC_BOUND.findall(text)
+        optimal = sol == pulp.LpSolutionOptimal and not hit
+        if m:
+            bound = float(m[-1])
+        elif optimal:  # CBC stops when (obj - bound) <= gap * |obj|
+            bound = obj - o.mip_gap * abs(obj)
+        else:
+            bound = None
+        return _MipResult(x, "optimal" if optimal else "feasible", obj, bound, hit and not optimal, "pulp-CBC")
+    if prob.status == pulp.LpStatusInfeasible or sol == pulp.LpSolutionInfeasible:
+        return _MipResult(None, "infeasible", None, None, False, "pulp-CBC")
+    return _MipResult(None, "no_solution", None, None, hit, "pulp-CBC")
+
+
+__all__ = ["CheckmateMILPSolver", "CheckmateMILPOptions"]

@@ -1,0 +1,378 @@
+"""From Checkmate's ``R``/``S`` matrices to our :class:`~libra_opt.schedule.Schedule`.
+
+Source: Jain et al., *Checkmate*, MLSys 2020, section 4.1 (a schedule is
+read off ``R`` and ``S`` stage by stage, values freed per ``FREE``) and
+section 5.2 (two-phase rounding: round ``S``, then derive the cheapest ``R``,
+``solve_r_opt``).  Written after reading ``parasj/checkmate``
+``checkmate/core/utils/scheduler.py`` and ``solver_common.py``; our own code.
+
+- :func:`solve_r_opt`: the cheapest ``R`` for a given ``S`` (Checkmate's
+  closed form: compute what the next stage's checkpoints and this stage's
+  node need, backwards through the dependencies).
+- :func:`rs_from_s`: ``S`` completed so that it is valid for our IR (step
+  outputs kept, non-recomputable values kept instead of recomputed, view ties
+  respected), then ``R`` derived.
+- :func:`schedule_from_rs`: stage ``t`` runs the recomputations ``R[t, i]``
+  in node order and then node ``t``; each tensor is freed right after its
+  last use in the stage unless its node is a checkpoint of the next stage
+  (``S[t+1, i]``) or it is a step output; values resident at the start of a
+  stage that the stage does not use and the next does not keep are freed
+  first, as Checkmate's scheduler does.  The simulated peak of this plan is
+  never above :func:`~libra_opt.solvers.checkmate_model.model_peak_bytes`.
+- :func:`keep_all_s` / :func:`recompute_forward_s`: two heuristic plans (no
+  rematerialization; recompute every forward value where it is used), used to warm-start
+  the MILP and to report the smallest feasible budget found.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from libra_opt.errors import InfeasibleBudgetError, SolverError
+from libra_opt.problem import INPUT, RematProblem
+from libra_opt.schedule import Compute, Free, Schedule
+from libra_opt.simulator import simulate
+
+from .checkmate_model import VALUE_GRANULARITIES, CheckmateGraph
+
+log = logging.getLogger(__name__)
+
+__all__ = ["solve_r_opt", "rs_from_s", "s_mask", "schedule_from_rs", "keep_all_s", "recompute_forward_s", "Candidate",
+           "CheckmateSetup", "no_remat_if_fits"]
+
+
+def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
+    """The cheapest recomputation matrix for the checkpoints ``S``.
+
+    ``R[t, t] = 1``; node ``p(v)`` runs in stage ``t`` where value ``v`` is a
+    checkpoint of stage ``t + 1`` but not of stage ``t``; then, backwards from
+    node ``t``, the producer of every value a running node reads that is not
+    a checkpoint of stage ``t`` runs too.  This is the least ``R`` satisfying
+    the MILP's ``R``/``S`` constraints for this ``S`` (Checkmate section 5.2,
+    ``solve_r_opt``).
+
+    Parameters
+    ----------
+    graph : CheckmateGraph
+    S : ndarray of bool, shape (n, nv)
+
+    Returns
+    -------
+    ndarray of bool, shape (n, n)
+        Lower-triangular with a unit diagonal.
+    """
+    n = graph.n
+    R = np.eye(n, dtype=bool)
+    vnode = graph.value_node
+    if n > 1 and graph.nv:
+        t_idx, v_idx = np.nonzero(S[1:] & ~S[:-1])
+        R[t_idx, vnode[v_idx]] = True
+    deps = graph.deps
+    for t in range(n):
+        row_r, row_s = R[t], S[t]
+        for j in range(t, -1, -1):
+            if row_r[j]:
+                for v in deps[j]:
+                    if not row_s[v]:
+                        row_r[vnode[v]] = True
+    return R
+
+
+def rs_from_s(graph: CheckmateGraph, S: np.ndarray, *, max_rounds: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """Complete ``S`` for our IR and derive ``R`` with :func:`solve_r_opt`.
+
+    Completion: ``S`` restricted to where the model has variables (a value
+    after its producer's stage, up to its last possible use); view ties
+    ``S[t, base] >= S[t, view]``; and wherever ``R`` would rerun a node that
+    must not be recomputed (``graph.recomputable``), its values are kept
+    instead from its first run to that stage.  Repeated until stable.
+
+    Parameters
+    ----------
+    graph : CheckmateGraph
+    S : ndarray of bool or float, shape (n, nv)
+        For floats, values > 0.5 are checkpoints.
+
+    Returns
+    -------
+    R : ndarray of bool, shape (n, n)
+    S : ndarray of bool, shape (n, nv)
+    """
+    n = graph.n
+    S = np.asarray(S)
+    S = (S > 0.5 if S.dtype != bool else S.copy()) & s_mask(graph)
+    ties = sorted(graph.ties, reverse=True)
+    nonrec = ~graph.recomputable
+    off_diag = ~np.eye(n, dtype=bool)
+    for _ in range(max_rounds):
+        for view, base in ties:
+            S[:, base] |= S[:, view]
+        R = solve_r_opt(graph, S)
+        bad = np.argwhere(R & nonrec[None, :] & off_diag)
+        if bad.size == 0:
+            return R, S
+        for t, i in bad:
+            for v in graph.node_values[i]:
+                S[i + 1:t + 1, v] = True
+    raise SolverError("could not complete the checkpoint matrix S (non-recomputable nodes); this is a bug")
+
+
+def s_mask(graph: CheckmateGraph) -> np.ndarray:
+    """Where ``S`` may be 1: ``value_node[v] < t <= last_need[v]``, shape (n, nv)."""
+    t = np.arange(graph.n)[:, None]
+    return (t > graph.value_node[None, :]) & (t <= graph.last_need[None, :])
+
+
+def keep_all_s(graph: CheckmateGraph) -> np.ndarray:
+    """``S`` of the no-rematerialization plan: every value kept from its
+    computation to its last use.
+
+    Returns
+    -------
+    ndarray of bool, shape (n, nv)
+    """
+    t = np.arange(graph.n)[:, None]
+    return (t > graph.value_node[None, :]) & (t <= graph.last_use[None, :])
+
+
+def recompute_forward_s(graph: CheckmateGraph) -> np.ndarray:
+    """``S`` of the recompute-forward plan: backward values are kept from
+    their computation to their last use, as without rematerialization, and
+    every forward value is recomputed wherever it is used (from the graph
+    inputs, freed after its last use in the stage).  What cannot be
+    recomputed is kept by :func:`rs_from_s`.  On a graph without a backward
+    phase this is the recompute-everything plan.
+
+    Returns
+    -------
+    ndarray of bool, shape (n, nv)
+    """
+    from libra_opt.problem import BACKWARD
+
+    backward = np.array([graph.problem.nodes[i].phase == BACKWARD for i in graph.value_node], dtype=bool)
+    return keep_all_s(graph) & backward[None, :]
+
+
+def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, meta: dict | None = None) -> Schedule:
+    """Turn integral ``(R, S)`` into a schedule on ``graph.problem``.
+
+    Parameters
+    ----------
+    graph : CheckmateGraph
+    R : ndarray of bool, shape (n, n)
+    S : ndarray of bool, shape (n, nv)
+        A solution satisfying the model's ``R``/``S`` constraints (e.g. from
+        :func:`rs_from_s`).
+    meta : dict, optional
+        Stored in the schedule's ``meta``.
+
+    Returns
+    -------
+    Schedule
+        ``Compute``/``Free`` instructions, stage by stage.
+
+    Raises
+    ------
+    SolverError
+        ``(R, S)`` computes a node whose input is not resident (the matrices
+        violate the dependency or persistence constraints).
+    """
+    p = graph.problem
+    n = graph.n
+    tensors = p.tensors
+    out = p.output_set
+    needers = graph.needers
+    R = np.asarray(R, dtype=bool)
+    S = np.asarray(S, dtype=bool)
+    resident: set[int] = set()
+    instrs = []
+
+    tv = graph.tensor_value
+
+    def keep_across(x: int, t1: int) -> bool:
+        if x in out:
+            return True
+        if t1 >= n or x not in tv:
+            return False
+        return bool(S[t1, tv[x]])
+
+    def needed(x: int, t: int, after: int) -> bool:
+        row = R[t]
+        return any(after < j <= t and row[j] for j in needers[x])
+
+    def free(x: int) -> None:
+        resident.discard(x)
+        instrs.append(Free(x))
+
+    for t in range(n):
+        for x in sorted(resident):
+            if not keep_across(x, t + 1) and not needed(x, t, -1):
+                free(x)
+        for k in np.flatnonzero(R[t, :t + 1]):
+            k = int(k)
+            node = p.nodes[k]
+            vals = graph.node_values[k]
+            if k != t and vals and all(S[t, v] for v in vals):
+                log.debug("stage %d: node %d's values are checkpoints; skipping its recompute", t, k)
+                continue
+            for x in node.inputs:
+                if tensors[x].kind != INPUT and x not in resident:
+                    raise SolverError(f"Checkmate plan: stage {t} computes node {node.name!r} but its input "
+                                      f"{tensors[x].name!r} is not resident; the R/S matrices are inconsistent")
+            instrs.append(Compute(k))
+            resident.update(node.outputs)
+            cands = set(x for x in node.inputs if tensors[x].kind != INPUT)
+            cands.update(node.outputs)
+            for x in sorted(cands):
+                if x in resident and not keep_across(x, t + 1) and not needed(x, t, k):
+                    free(x)
+    m = {"solver": "checkmate", "stages": n, "recomputations": int(R.sum() - n)}
+    m.update(meta or {})
+    return Schedule(instrs, m)
+
+
+# ---------------------------------------------------------------------------
+# plumbing shared by checkmate-milp and checkmate-lp
+# ---------------------------------------------------------------------------
+@dataclass
+class Candidate:
+    """A plan made from ``(R, S)``, simulated on the original problem.
+
+    Attributes
+    ----------
+    name : str
+    R, S : ndarray of bool, shapes (n, n) and (n, nv)
+        On the (possibly coarsened) problem the model was built on.
+    schedule : Schedule
+        On the original problem.
+    peak_bytes : int
+        Simulated peak graph memory, bytes.
+    time_s : float
+        Simulated step time, seconds.
+    """
+
+    name: str
+    R: np.ndarray
+    S: np.ndarray
+    schedule: Schedule
+    peak_bytes: int
+    time_s: float
+
+
+class CheckmateSetup:
+    """The problem a Checkmate solver works on: the original, or a coarsened
+    version of it (:mod:`libra_opt.solvers.coarsen`) when it is too large for
+    the O(n^2)-variable model.
+
+    Parameters
+    ----------
+    problem : RematProblem
+    coarsen : "auto", "none" or int
+        ``"auto"``: coarsen to ``max_nodes`` nodes when the problem has more;
+        an int: coarsen to that many nodes; ``"none"``: never.
+    max_nodes : int
+        The size ``"auto"`` coarsens to.
+    solver : str
+        Name used in messages.
+    values : {"auto", "tensor", "node"}
+        Value granularity of :meth:`CheckmateGraph.from_problem`; ``"auto"``:
+        ``"tensor"`` (exact) on the problem itself, ``"node"`` (fewer
+        variables) on a coarsened problem.
+
+    Raises
+    ------
+    ValueError
+        ``coarsen`` or ``values`` is not one of the accepted values.
+    """
+
+    def __init__(self, problem: RematProblem, coarsen, max_nodes: int, solver: str, values: str = "auto"):
+        from .coarsen import coarsen as do_coarsen
+
+        if values not in ("auto",) + VALUE_GRANULARITIES:
+            raise ValueError(f"values must be 'auto' or one of {VALUE_GRANULARITIES}, got {values!r}")
+
+        self.original = problem
+        self.solver = solver
+        self.coarse = None
+        if isinstance(coarsen, bool) or not (coarsen in ("auto", "none") or isinstance(coarsen, int)):
+            raise ValueError(f"coarsen must be 'auto', 'none' or a target number of nodes, got {coarsen!r}")
+        target = None
+        if coarsen == "auto" and problem.num_nodes > max_nodes:
+            target = max_nodes
+        elif isinstance(coarsen, int):
+            if coarsen < 1:
+                raise ValueError(f"coarsen must be a positive number of nodes, got {coarsen}")
+            if coarsen < problem.num_nodes:
+                target = coarsen
+        if target is not None:
+            self.coarse = do_coarsen(problem, target)
+            log.info("%s: coarsened %d nodes to %d for the Checkmate model", solver, problem.num_nodes,
+                     self.coarse.problem.num_nodes)
+        self.work = self.coarse.problem if self.coarse is not None else problem
+        if values == "auto":
+            values = "node" if self.coarse is not None else "tensor"
+        self.graph = CheckmateGraph.from_problem(self.work, values)
+
+    @property
+    def coarsened(self) -> bool:
+        """True if the model is built on a coarsened problem."""
+        return self.coarse is not None
+
+    def describe(self) -> dict:
+        """Extras for the result: whether and how much the problem was coarsened."""
+        return {"coarsened": self.coarsened, "model_nodes": self.work.num_nodes,
+                "original_nodes": self.original.num_nodes, "values": self.graph.values,
+                "model_values": self.graph.nv}
+
+    def note(self) -> str:
+        """A sentence for the result message ('' if not coarsened)."""
+        if not self.coarsened:
+            return ""
+        return (f"; solved on a coarsened graph of {self.work.num_nodes} nodes (from {self.original.num_nodes}), "
+                f"plan expanded back")
+
+    def candidate(self, name: str, R: np.ndarray, S: np.ndarray, meta: dict | None = None) -> Candidate:
+        """Build the plan of ``(R, S)``, expand it if coarsened, simulate it."""
+        sched = schedule_from_rs(self.graph, R, S, meta=meta)
+        if self.coarse is not None:
+            sched = self.coarse.expand(sched)
+        sim = simulate(self.original, sched)
+        return Candidate(name, R, S, sched, sim.peak_bytes, sim.time_s)
+
+    def heuristics(self) -> list[Candidate]:
+        """The no-remat and the recompute-forward plans (on the model's graph)."""
+        out = []
+        for name, s in (("keep-all", keep_all_s(self.graph)), ("recompute-forward", recompute_forward_s(self.graph))):
+            R, S = rs_from_s(self.graph, s)
+            out.append(self.candidate(name, R, S, {"heuristic": name}))
+        return out
+
+    def infeasible(self, budget_bytes: int, plans: list[Candidate], detail: str) -> InfeasibleBudgetError:
+        """The error for a budget no plan was found for; ``min_feasible_bytes``
+        is the smallest simulated peak among ``plans`` (the heuristic plans,
+        and the LP rounding if one was made): a budget shown feasible, or None
+        if there are none."""
+        peaks = [c.peak_bytes for c in plans]
+        best = min(peaks) if peaks else None
+        if best is not None and best <= budget_bytes:  # should have been returned instead
+            best = None
+        return InfeasibleBudgetError(budget_bytes, best, self.solver, detail)
+
+
+def no_remat_if_fits(problem: RematProblem, budget_bytes: int) -> Schedule | None:
+    """The no-remat shortcut shared by both Checkmate solvers.
+
+    Returns
+    -------
+    Schedule or None
+        The no-remat plan if its simulated peak fits ``budget_bytes`` (it is
+        then optimal: no plan computes less), else None.
+    """
+    from libra_opt.schedule import no_remat_schedule
+
+    sched = no_remat_schedule(problem)
+    if simulate(problem, sched).peak_bytes <= budget_bytes:
+        return sched
+    return None

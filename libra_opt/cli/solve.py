@@ -1,0 +1,119 @@
+"""``libra-opt solve FILE --budget B [--solver NAME] [--explain [N]] [-o PLAN.json] [--plot OUT.png]``
+
+Plans a problem within a memory budget with a solver (``libra`` by default)
+and prints the plan's simulated peak, step time and what it costs.  ``FILE`` is
+a libra-opt problem JSON (``.json`` / ``.json.gz``) or a networkx node-link
+remat graph.  ``--budget`` takes bytes, ``12GiB``, ``60%`` or a fraction of the
+no-remat peak (``0.6``).  ``--explain`` prints the solver's top N decisions
+with why they were made (``libra``); ``-o`` writes the plan as JSON;
+``--plot`` draws its memory timeline next to the no-remat plan's.  Exit
+status 1 when no plan fits the budget (the message says the smallest budget
+that does).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``solve`` subcommand; returns its parser."""
+    p = subparsers.add_parser("solve", help="plan a problem within a memory budget (default solver: libra)",
+                              description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    p.add_argument("--budget", required=True, metavar="B",
+                   help="graph-memory budget: bytes, '12GiB', '60%%' or 0.6 of the no-remat peak")
+    p.add_argument("--solver", default="libra", metavar="NAME", help="solver name (default libra; see "
+                                                                     "libra-opt compare --help for the list)")
+    p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
+                   help="libra only: recompute + swap (default), recompute only, swap only")
+    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit, seconds (solvers that "
+                                                                  "have one)")
+    p.add_argument("--explain", nargs="?", type=int, const=10, default=None, metavar="N",
+                   help="print the top N decisions and why (default N 10)")
+    p.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan (Schedule JSON)")
+    p.add_argument("--plot", metavar="OUT.png", help="memory timeline of the plan and the no-remat plan")
+    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
+                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
+    return p
+
+
+def budget_arg(text: str):
+    """``'0.6'`` -> 0.6 (a fraction of the no-remat peak); anything else as given."""
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if 0 < value <= 1 and not text.strip().isdigit() else text
+
+
+def solver_options(args: argparse.Namespace, solver_name: str) -> dict:
+    """Options from the command line that the chosen solver knows."""
+    import dataclasses
+
+    from libra_opt.errors import SolverError
+    from libra_opt.solvers import solver_class
+
+    known = {f.name for f in dataclasses.fields(solver_class(solver_name).Options)}
+    opts = {}
+    if getattr(args, "policy", None) is not None:
+        if "policy" not in known:
+            raise SolverError(f"--policy applies to the libra solver only, not {solver_name!r}: drop --policy "
+                              f"or use --solver libra")
+        opts["policy"] = args.policy
+    if getattr(args, "time_limit", None) is not None and "time_limit_s" in known:
+        opts["time_limit_s"] = args.time_limit
+    return opts
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``libra-opt solve``; returns the exit status (0 plan found, 1 infeasible)."""
+    from libra_opt.importers import load_problem_any
+    from libra_opt.solvers import get_solver
+    from libra_opt.units import format_bytes, format_seconds
+
+    try:
+        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
+    except OSError as e:
+        print(f"libra-opt solve: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    solver = get_solver(args.solver, **solver_options(args, args.solver))
+    result = solver.solve(problem, budget_arg(args.budget), raise_on_infeasible=False)
+    print(f"problem:  {problem.name} ({len(problem.nodes)} nodes) from {args.file}")
+    print(f"solver:   {result.solver} {solver.options}")
+    print(f"budget:   {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes)")
+    if not result.success:
+        print(f"result:   {result.status}: {result.message}")
+        return 1
+    sim = result.simulation
+    base = problem.total_compute_s
+    print(f"result:   {result.status} in {format_seconds(result.solve_s)}: {result.message}")
+    print(f"peak:     {format_bytes(result.peak_bytes)} ({result.peak_bytes} bytes), "
+          f"{format_bytes(sim.total_peak_bytes)} with fixed memory")
+    print(f"time:     step {format_seconds(result.time_s)}, added {format_seconds(result.added_s)} "
+          f"({result.added_s / max(base, 1e-30):.2%}): recompute {format_seconds(sim.recompute_s)}, "
+          f"stalls {format_seconds(sim.stall_s)}")
+    print(f"swaps:    {format_bytes(sim.d2h_bytes)} out, {format_bytes(sim.h2d_bytes)} in; "
+          f"recomputed nodes {len(result.schedule.recomputed_nodes())}")
+    if args.explain is not None:
+        decisions = result.extras.get("decisions")
+        if decisions is None:
+            print(f"explain:  solver {result.solver!r} records no decisions")
+        else:
+            from libra_opt.solvers.libra_explain import format_decisions
+
+            print(format_decisions(decisions, args.explain))
+    if args.output:
+        result.schedule.save(args.output)
+        print(f"plan:     {args.output}")
+    if args.plot:
+        from libra_opt.plots import plot_memory_timeline
+        from libra_opt.schedule import no_remat_schedule
+        from libra_opt.simulator import simulate
+
+        base_plan = no_remat_schedule(problem)
+        plot_memory_timeline(problem, {result.solver: (result.schedule, sim),
+                                       "no remat": (base_plan, simulate(problem, base_plan))},
+                             args.plot, budget_bytes=result.budget_bytes)
+        print(f"plot:     {args.plot}")
+    return 0

@@ -1,0 +1,80 @@
+"""``libra-opt sweep FILE --budgets 0.9,0.8,... [--policy ...] [--solver NAME] [--csv]``
+
+Plans a problem for many memory budgets at once and prints one row per
+budget: status, simulated peak, added step time and solve seconds.  With the
+default ``libra`` solver every plan comes from **one** greedy descent (the
+plan for a budget equals what ``libra-opt solve`` returns for it).  Budgets are
+comma-separated: fractions of the no-remat peak (``0.8``), ``60%``, bytes or
+``12GiB``.  ``--csv`` prints CSV instead of a table.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``sweep`` subcommand; returns its parser."""
+    p = subparsers.add_parser("sweep", help="plan a problem for many budgets (libra: one descent)",
+                              description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    p.add_argument("--budgets", required=True, metavar="B,B,...",
+                   help="comma-separated budgets: 0.9 (fraction of the no-remat peak), 60%%, bytes, 12GiB")
+    p.add_argument("--solver", default="libra", metavar="NAME", help="solver name (default libra)")
+    p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
+                   help="libra only: recompute + swap (default), recompute only, swap only")
+    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit per solve, seconds")
+    p.add_argument("--csv", action="store_true", help="print CSV")
+    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
+                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``libra-opt sweep``; returns the exit status (0, or 2 on a bad argument)."""
+    from libra_opt.importers import load_problem_any
+    from libra_opt.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+    from libra_opt.units import format_bytes, format_seconds
+
+    from .solve import budget_arg, solver_options
+
+    budgets = [budget_arg(b.strip()) for b in args.budgets.split(",") if b.strip()]
+    if not budgets:
+        print("libra-opt sweep: error: --budgets is empty; give e.g. 0.9,0.8,0.7", file=sys.stderr)
+        return 2
+    try:
+        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
+    except OSError as e:
+        print(f"libra-opt sweep: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        return 2
+    solver = get_solver(args.solver, **solver_options(args, args.solver))
+    results = solver.solve_many(problem, budgets)
+    ref = no_remat_peak(problem)
+    base = max(problem.total_compute_s, 1e-30)
+    head = ["budget", "budget_bytes", "status", "peak_bytes", "peak_fraction", "added_s", "added_fraction",
+            "recompute_s", "stall_s", "swapped_bytes", "solve_s", "min_feasible_bytes"]
+    rows = []
+    for b, r in zip(budgets, results):
+        sim = r.simulation
+        rows.append([str(b), r.budget_bytes, r.status, r.peak_bytes, None if r.peak_bytes is None else r.peak_bytes / ref,
+                     r.added_s, None if r.added_s is None else r.added_s / base,
+                     sim.recompute_s if sim else None, sim.stall_s if sim else None,
+                     sim.d2h_bytes if sim else None, r.solve_s, r.min_feasible_bytes])
+    if args.csv:
+        w = csv.writer(sys.stdout)
+        w.writerow(head)
+        w.writerows(["" if v is None else v for v in row] for row in rows)
+        return 0
+    print(f"problem: {problem.name} ({len(problem.nodes)} nodes), no-remat peak {format_bytes(ref)}, "
+          f"solver {solver.name} {solver.options}")
+    print(f"{'budget':>10} {'status':>10} {'peak':>12} {'of peak':>8} {'added':>12} {'added %':>8} {'solve':>10}")
+    for row, r in zip(rows, results):
+        if r.success:
+            print(f"{row[0]:>10} {r.status:>10} {format_bytes(r.peak_bytes):>12} {row[4]:>8.3f} "
+                  f"{format_seconds(r.added_s):>12} {row[6]:>8.2%} {format_seconds(r.solve_s):>10}")
+        else:
+            need = f"needs {format_bytes(r.min_feasible_bytes)}" if r.min_feasible_bytes is not None else ""
+            print(f"{row[0]:>10} {r.status:>10} {need:>34} {format_seconds(r.solve_s):>21}")
+    return 0

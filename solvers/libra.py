@@ -1,0 +1,270 @@
+"""The default solver ``libra``: greedy refinement of a hybrid recompute + swap plan.
+
+Libra (Wang, NTHU 2024, "Libra: Python-level tensor re-materialization for GPU
+memory optimization in deep learning") plans rematerialization by refining
+the eager (keep-everything) plan greedily from its profiled peak:
+
+1. **Peak memory profiling.**  From the memory timeline, find the peak and
+   the activations live across it that are not in use at that moment (the
+   candidates: storage windows from :func:`~libra_opt.lowering.default_windows`,
+   or every gap between uses, :func:`~libra_opt.lowering.all_windows`, on a
+   single-phase graph).
+2. **Memory-reduction estimation.**  For each candidate and policy, the bytes
+   it removes at the peak and the time it adds: recomputation costs its
+   producer plus every evicted input it needs again (the *recomputation
+   chain*, with the memory that chain occupies when it runs); swapping costs
+   the part of the transfer that does not hide behind the compute between
+   swap-out and use, at the device's measured bandwidth, with the copy
+   queues' contention (:mod:`libra_opt.solvers.libra_estimate`).
+3. **Greedy refinement.**  Take the candidate with the most bytes removed at
+   the peak per added second.  Recomputation is the first choice; a swap is
+   taken where recomputing (or its chain) would push another point of the
+   timeline up to the peak, or where the transfer costs less (it hides behind
+   compute).  A move is admissible only if every point it raises stays below
+   the current peak, so the peak never rises and one descent passes every
+   budget on the way down.  The timeline is updated incrementally.
+4. **Finish.**  A final pass undoes decisions the budget no longer needs
+   (most expensive first); the plan is lowered (:func:`~libra_opt.lowering.lower`)
+   and simulated; if the simulated peak is still over budget, refinement
+   continues against the simulated timeline.
+
+:meth:`LibraSolver.solve_many` plans many budgets from one descent: the
+decision set is recorded when the peak first drops under each budget, and
+each is finished as a single solve would, so results equal single-budget
+solves.
+
+Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent, snapshots and
+finish), :mod:`~libra_opt.solvers.libra_estimate` (the incremental timeline;
+with :mod:`~libra_opt.solvers.libra_chains` and
+:mod:`~libra_opt.solvers.libra_swaps`), :mod:`~libra_opt.solvers.libra_explain`
+(decision records).
+
+Beyond the thesis: a swap-in may be delayed past the peak it must cover
+(paying a stall); where a chain regenerates an evicted storage before its own
+use, the storage may be kept from there (Chen et al.'s segment-wise
+regeneration); in hybrid mode a *portfolio* also runs the recompute-only and
+swap-only descents and returns the cheapest simulated plan.
+
+Limits: greedy, so not optimal (compare ``checkmate-milp``); the estimate
+mirrors the lowering and the simulator but can drift where swap-ins collide
+with unfinished swap-outs (slow links), which the finish step repairs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from libra_opt.errors import InfeasibleBudgetError, SolverError
+from libra_opt.problem import RematProblem
+from libra_opt.simulator import no_remat_peak
+from libra_opt.units import parse_budget
+
+from .base import Solver
+from .libra_refine import _Plan, _Refiner, _Snapshot
+from .registry import register_solver
+from .result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
+
+POLICY_MODES = ("hybrid", "recompute", "swap")
+WINDOW_MODES = ("auto", "default", "all")
+
+
+@dataclass(frozen=True)
+class LibraOptions:
+    """Options of the ``libra`` solver.
+
+    Attributes
+    ----------
+    policy : {"hybrid", "recompute", "swap"}
+        ``"hybrid"`` (default): recompute first, swap where recomputing would
+        create a new peak or costs more; ``"recompute"`` or ``"swap"``: one
+        policy only.
+    time_limit_s : float or None
+        Wall-clock limit of the refinement, seconds (``None``: none).  A plan
+        cut short reports status ``"time_limit"``.
+    max_steps : int or None
+        Most refinement decisions (``None``: no limit).
+    swap_overlap_margin : float
+        Safety margin on transfers, dimensionless: a transfer is planned as if
+        it took ``1 + swap_overlap_margin`` times ``bytes / bandwidth``, so
+        swaps are only taken where they hide with that much slack.
+    windows : {"auto", "default", "all"}
+        Candidate eviction windows: ``"default"`` one per storage
+        (:func:`~libra_opt.lowering.default_windows`), ``"all"`` every gap
+        between uses (:func:`~libra_opt.lowering.all_windows`); ``"auto"``
+        picks ``"all"`` for single-phase graphs and ``"default"`` otherwise.
+    undo : bool
+        Run the final pass that undoes decisions the budget does not need.
+    max_repair_steps : int
+        Most decisions added against the simulated timeline when the lowered
+        plan's simulated peak is over budget.
+    portfolio : bool
+        Hybrid mode only: also refine with recomputation only and with
+        swapping only, and return the cheapest of the three plans (estimated
+        added time), so hybrid is never worse than either policy alone.  The
+        result's ``extras["descent"]`` says which descent the plan came from.
+    """
+
+    policy: str = "hybrid"
+    time_limit_s: float | None = None
+    max_steps: int | None = None
+    swap_overlap_margin: float = 0.0
+    windows: str = "auto"
+    undo: bool = True
+    max_repair_steps: int = 32
+    portfolio: bool = True
+
+    def __post_init__(self):
+        if self.policy not in POLICY_MODES:
+            raise SolverError(f"libra: policy must be one of {POLICY_MODES}, got {self.policy!r}")
+        if self.windows not in WINDOW_MODES:
+            raise SolverError(f"libra: windows must be one of {WINDOW_MODES}, got {self.windows!r}")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise SolverError(f"libra: time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 0):
+            raise SolverError(f"libra: max_steps must be a non-negative int, got {self.max_steps!r}")
+        if not (isinstance(self.swap_overlap_margin, (int, float)) and self.swap_overlap_margin >= 0):
+            raise SolverError(f"libra: swap_overlap_margin must be >= 0, got {self.swap_overlap_margin!r}")
+        if not isinstance(self.max_repair_steps, int) or self.max_repair_steps < 0:
+            raise SolverError(f"libra: max_repair_steps must be a non-negative int, got {self.max_repair_steps!r}")
+
+
+@register_solver("libra")
+class LibraSolver(Solver):
+    """Libra's greedy refinement with a hybrid swap + recompute policy.
+
+    See :mod:`libra_opt.solvers.libra` for the algorithm and
+    :class:`LibraOptions` for the options.  ``SolveResult.extras`` holds
+    ``decisions`` (one dict per eviction, with why:
+    :class:`~libra_opt.solvers.libra_explain.Decision`), ``estimated_peak_bytes``,
+    ``estimated_added_s``, ``steps``, ``undone``, ``repairs`` and ``policy``.
+
+    Raises
+    ------
+    InfeasibleBudgetError
+        The descent cannot get under the budget; ``min_feasible_bytes`` is the
+        simulated peak of the lowest plan it reached.
+    """
+
+    name = "libra"
+    citation = ("Wang, Libra: Python-level tensor re-materialization for GPU memory optimization in deep "
+                "learning, NTHU 2024 (greedy refinement, hybrid recompute/swap)")
+    Options = LibraOptions
+
+    def _refiners(self, problem: RematProblem) -> list[_Refiner]:
+        """The descents to run: the chosen policy's, plus, in hybrid mode with
+        ``portfolio``, one per single policy."""
+        refs = [_Refiner(problem, self.options)]
+        if self.options.policy == "hybrid" and self.options.portfolio:
+            refs += [_Refiner(problem, dataclasses.replace(self.options, policy=pol)) for pol in ("recompute", "swap")]
+        return refs
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        refs = self._refiners(problem)
+        snaps = [ref.descend([budget_bytes]) for ref in refs]
+        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes)
+
+    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution:
+        """The cheapest simulated plan among the descents' snapshots for
+        ``budget`` (after the undo pass) that lowers within it; failing that,
+        the end of a descent (with, then without the undo pass)."""
+        cands = []
+        for k, (ref, snap) in enumerate(zip(refs, snaps)):
+            if snap is not None:
+                prepared = ref.prepare(snap, budget)
+                cands.append((prepared[0].added_s(), k, prepared))
+        best = None
+        cands.sort(key=lambda c: c[:2])
+        for i, (est, k, prepared) in enumerate(cands):
+            if best is not None and est >= best[0].simulation.added_s and not prepared[0].swap.pessimistic:
+                break   # its estimate is not pessimistic and already no better than a simulated plan
+            plan = refs[k].realize(prepared, snaps[k], budget)
+            if plan is None:
+                continue
+            if best is None or plan.simulation.added_s < best[0].simulation.added_s:
+                best = (plan, k)
+        if best is not None:
+            return self._raw(best[0], refs[best[1]].opts.policy)
+        for ref in refs:
+            final = ref.final()
+            if ref.min_feasible_bytes() <= budget:
+                plan = ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
+                return self._raw(plan, ref.opts.policy)
+        raise InfeasibleBudgetError(budget, min(ref.min_feasible_bytes() for ref in refs), self.name,
+                                    f"{refs[0].step} refinement steps, policy {self.options.policy!r}")
+
+    def _finish(self, problem: RematProblem, budget_bytes: int, raw: RawSolution, solve_s: float) -> SolveResult:
+        """As :meth:`Solver._finish`, without simulating the plan a second time:
+        :meth:`_Refiner.realize` already simulated exactly this schedule and
+        checked its peak against the budget (the simulation travels in
+        ``raw.extras["_simulation"]``)."""
+        sim = raw.extras.pop("_simulation", None)
+        if sim is None or sim.peak_bytes > budget_bytes:
+            return super()._finish(problem, budget_bytes, raw, solve_s)
+        meta = dict(raw.schedule.meta)
+        meta.setdefault("solver", self.name)
+        meta["budget_bytes"] = int(budget_bytes)
+        raw.schedule.meta = meta
+        return SolveResult(status=raw.status, schedule=raw.schedule, solver=self.name, budget_bytes=budget_bytes,
+                           peak_bytes=sim.peak_bytes, time_s=sim.time_s, added_s=sim.added_s, solve_s=solve_s,
+                           message=raw.message, simulation=sim, extras=dict(raw.extras))
+
+    def _raw(self, plan: _Plan, descent: str) -> RawSolution:
+        decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
+        est_peak = plan.timeline.peak()[0]
+        extras = dict(decisions=decisions, estimated_peak_bytes=int(est_peak),
+                      estimated_added_s=float(plan.timeline.added_s()), steps=plan.snapshot.step,
+                      undone=plan.undone, repairs=plan.repairs, policy=self.options.policy, descent=descent)
+        sched = plan.schedule
+        sched.meta["solver"] = self.name
+        sched.meta["libra"] = dict(policy=self.options.policy, descent=descent, decisions=decisions)
+        status = TIME_LIMIT if plan.snapshot.cut_short and self.options.time_limit_s is not None else FEASIBLE
+        msg = (f"{len(decisions)} evictions after {plan.snapshot.step} refinement steps "
+               f"({plan.undone} undone, {plan.repairs} repairs)")
+        extras["_simulation"] = plan.simulation
+        return RawSolution(schedule=sched, status=status, message=msg, extras=extras)
+
+    def solve_many(self, problem: RematProblem, budgets: Sequence, *, raise_on_infeasible: bool = False
+                   ) -> list[SolveResult]:
+        """One result per budget, in the order given, from **one** descent: the
+        decision set is recorded when the peak first drops under each budget,
+        and finished exactly as :meth:`solve` would (equal results).
+
+        Parameters
+        ----------
+        problem : RematProblem
+        budgets : sequence of int or float or str
+            As for :meth:`solve` (bytes, ``"12GiB"``, ``"60%"``, fractions).
+        raise_on_infeasible : bool
+            Raise :class:`~libra_opt.errors.InfeasibleBudgetError` on the first
+            infeasible budget instead of returning an ``"infeasible"`` result.
+
+        Returns
+        -------
+        list of SolveResult
+        """
+        self._check_available()
+        ref_peak = no_remat_peak(problem)
+        bb = [parse_budget(b, ref_peak) for b in budgets]
+        t0 = time.perf_counter()
+        refs = self._refiners(problem)
+        snaps = [ref.descend(bb) for ref in refs]
+        descent_s = time.perf_counter() - t0
+        out = []
+        for b in bb:
+            t1 = time.perf_counter()
+            these = [s.get(b) for s in snaps]
+            base_s = descent_s if None in these else sum(s.elapsed_s for s in these)
+            try:
+                raw = self._plan(refs, these, b)
+            except InfeasibleBudgetError as e:
+                if raise_on_infeasible:
+                    raise
+                out.append(self._infeasible(b, e, base_s + time.perf_counter() - t1))
+                continue
+            out.append(self._finish(problem, b, raw, base_s + time.perf_counter() - t1))
+        return out
+
+
+__all__ = ["LibraSolver", "LibraOptions"]

@@ -1,0 +1,194 @@
+"""Recomputation chains of the ``libra`` estimate: what the lowering runs
+before a node that reads evicted tensors, replayed on the model's state.
+
+:meth:`ChainReplay.chain_at` mirrors ``lowering._Lowerer._regenerate``: the
+same post-order over the missing tensors, the same choice between recomputing
+and swapping in (a base storage with a swap decision comes back by swap), the
+same freeing of chain temporaries, and the simulator's memory rules (outputs
+allocated at compute start, already-resident outputs and workspace transient).
+
+Source: Checkmate's plan generation (Jain et al., MLSys 2020, sec. 4.5) for
+recomputation with freeing, as implemented by :mod:`libra_opt.lowering`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_LIVE, _MISSING, _ARRIVING = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The recomputation chain run before one regeneration point.
+
+    Attributes
+    ----------
+    nodes : tuple of int
+        Nodes recomputed, in order.
+    time_s : float
+        Recompute time plus synchronous swap-in time (s).
+    peak_bytes : int
+        Peak memory of the chain above what was resident before it (bytes).
+    kept_bytes : int
+        Bytes the chain allocated that are still resident when the node runs.
+    touched : frozenset of int
+        Storages the chain reads or regenerates.
+    feasible : bool
+        False when the chain needs to recompute a non-recomputable node.
+    waits : tuple of (int, float)
+        Swapped storages whose in-flight swap-in the chain waits for, with the
+        chain time before that wait (s).
+    made : tuple of int
+        Tensors the chain makes resident (recomputed or swapped in).
+    """
+
+    nodes: tuple
+    time_s: float
+    peak_bytes: int
+    kept_bytes: int
+    touched: frozenset
+    feasible: bool = True
+    waits: tuple = ()
+    made: tuple = ()
+
+
+class ChainReplay:
+    """Mixin of :class:`~libra_opt.solvers.libra_estimate.Timeline`: recomputation chains."""
+
+    def chain_at(self, q: int) -> Chain | None:
+        """The recomputation chain before node ``q`` under the current (or
+        hypothetical) decisions; ``None`` if node ``q`` needs nothing.  Mirrors
+        ``lowering._Lowerer._regenerate``."""
+        st = self._st
+        missing = [t for t in self.n_inputs[q] if st(t, q) != _LIVE]
+        if not missing:
+            return None
+        state: dict[int, int] = {}
+        order: list[tuple[bool, int]] = []   # (is_swap, tensor or node)
+        stack = [(t, False) for t in reversed(missing)]
+        cache: dict[int, int] = {}
+
+        def stc(t):
+            v = cache.get(t)
+            if v is None:
+                v = cache[t] = st(t, q)
+            return v
+
+        def is_swap(t):
+            s = self.t_storage[t]
+            return t == s and (stc(t) == _ARRIVING or (self._has_swap(s)))
+
+        while stack:
+            t, done = stack.pop()
+            if done:
+                sw = is_swap(t)
+                order.append((True, t) if sw else (False, self.t_prod[t]))
+                state[t] = 2
+                continue
+            if t in state or stc(t) == _LIVE:
+                continue
+            state[t] = 1
+            stack.append((t, True))
+            if not is_swap(t):
+                for u in reversed(self.n_inputs[self.t_prod[t]]):
+                    if u not in state and stc(u) != _LIVE:
+                        stack.append((u, False))
+        pending: dict[int, int] = {}
+        steps = []
+        seen = set()
+        for sw, x in order:
+            if not sw:
+                if x in seen:
+                    continue
+                seen.add(x)
+                for u in self.n_inputs[x]:
+                    pending[u] = pending.get(u, 0) + 1
+            steps.append((sw, x))
+        for u in self.n_inputs[q]:
+            pending[u] = pending.get(u, 0) + 1
+        made: set[int] = set()
+        resident: set[int] = set()      # tensors made resident by the chain
+        refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
+        pre_alloc: dict[int, bool] = {}
+        touched = set()
+        cur = peak = 0
+        time_s = 0.0
+        nodes = []
+        waits = []
+        feasible = True
+        nb = self.t_nbytes
+        tsto = self.t_storage
+
+        def live(t):
+            return t in resident or stc(t) == _LIVE
+
+        def allocated_before(s):
+            v = pre_alloc.get(s)
+            if v is None:
+                v = pre_alloc[s] = any(stc(t) == _LIVE for t in self.views[s]) or (
+                    self.t_act[s] and any(stc(t) == _ARRIVING for t in self.views[s]))
+            return v
+
+        def add(t):
+            nonlocal cur
+            resident.add(t)
+            made.add(t)
+            s = tsto[t]
+            touched.add(s)
+            if refs.get(s, 0) == 0 and not allocated_before(s):
+                cur += nb[s]
+            refs[s] = refs.get(s, 0) + 1
+
+        def drop(cands):
+            nonlocal cur
+            for t in cands:
+                if t in made and t in resident and pending.get(t, 0) == 0 and not self.t_out[t] and (
+                        not any(c > q for c in self.t_cons[t]) or self._storage_off(tsto[t], q)):
+                    resident.discard(t)
+                    s = tsto[t]
+                    refs[s] -= 1
+                    if refs[s] == 0 and not allocated_before(s):
+                        cur -= nb[s]
+
+        for sw, x in steps:
+            if sw:
+                if live(x):
+                    continue
+                if stc(x) != _ARRIVING:
+                    add(x)
+                    time_s += nb[x] / self.h2d * (1.0 + self.margin)
+                    peak = max(peak, cur)
+                else:
+                    waits.append((x, time_s))
+                    resident.add(x)
+                    made.add(x)
+                    touched.add(x)
+                    refs[x] = refs.get(x, 0) + 1
+                drop([x])
+                continue
+            outs = self.n_outputs[x]
+            if all(live(t) for t in outs):
+                continue
+            if not self.n_recomp[x]:
+                feasible = False
+            nodes.append(x)
+            time_s += self.n_time[x]
+            transient = self.n_ws[x]
+            new = []
+            for t in outs:
+                if live(t):
+                    transient += nb[t]
+                else:
+                    new.append(t)
+            for t in new:
+                add(t)
+            peak = max(peak, cur + transient)
+            for u in self.n_inputs[x]:
+                pending[u] -= 1
+                if self.t_act[u]:
+                    touched.add(tsto[u])
+            drop(list(self.n_inputs[x]) + new)
+        for t in missing:
+            touched.add(tsto[t])
+        return Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
+                     tuple(sorted(made)))

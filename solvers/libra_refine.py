@@ -1,0 +1,517 @@
+"""The greedy refinement behind the ``libra`` solver: one resumable descent
+per problem and policy, its snapshots, and the finish step (undo pass,
+segment-wise regeneration, lowering, simulation, repair).
+
+See :mod:`libra_opt.solvers.libra` for the algorithm; the incremental model it
+scores moves with is :mod:`libra_opt.solvers.libra_estimate`.
+
+Source: Libra (Wang, NTHU 2024), greedy refinement from the profiled peak;
+Chen et al., "Training Deep Nets with Sublinear Memory Cost" (2016), sec. 4.1,
+for keeping a segment's recomputed activations until their backward use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from libra_opt.lowering import all_windows, default_windows, lower
+from libra_opt.problem import RematProblem
+from libra_opt.schedule import Op
+from libra_opt.simulator import simulate
+
+from .libra_estimate import KEEP, REC, SWAP, Timeline
+from .libra_explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
+                            REASON_REPAIR, REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
+
+log = logging.getLogger(__name__)
+
+#: most candidates evaluated exactly per refinement step before the best evaluated one is taken
+MAX_EVALS_PER_STEP = 48
+_O_REC, _O_HID, _O_LATE = 0, 1, 2   # option columns: recompute, swap hidden behind compute, delayed swap
+_NAMES = {REC: "recompute", SWAP: "swap"}
+
+
+@dataclass
+class _Move:
+    j: int
+    policy: int
+    eff: object
+    score: float
+    removed: int
+    rec_s: float | None
+    swap_s: float | None
+    reason: str
+    raised_pos: int | None = None
+    raised_bytes: int | None = None
+    shrink: tuple | None = None    # (position, tensors): the window ends where a chain regenerates it
+
+
+@dataclass
+class _Snapshot:
+    step: int
+    peak_bytes: int
+    elapsed_s: float
+    timeline: Timeline
+    records: dict
+    cut_short: bool = False
+
+
+@dataclass
+class _Plan:
+    schedule: object
+    simulation: object
+    timeline: Timeline
+    records: dict
+    undone: int
+    repairs: int
+    snapshot: _Snapshot
+
+
+class _Refiner:
+    """One greedy descent over one problem; resumable, with snapshots."""
+
+    def __init__(self, problem: RematProblem, opts):
+        self.problem = problem
+        self.opts = opts
+        mode = opts.windows
+        if mode == "auto":
+            mode = "default" if problem.boundary < problem.num_nodes else "all"
+        if mode == "default":
+            wins = sorted((s, a, b) for s, (a, b) in default_windows(problem).items())
+        else:
+            wins = sorted(all_windows(problem))
+        self.tl = tl = Timeline(problem, wins, opts.swap_overlap_margin)
+        self.allow_rec = opts.policy != "swap"
+        self.allow_swap = opts.policy != "recompute"
+        self.lo = tl.w_a + 1
+        self.hi = tl.w_b - 1
+        self.orig_b = tl.w_b.copy()
+        self.eps = 1e-9 * max(problem.total_compute_s, 1e-30) / max(problem.num_nodes, 1)
+        self.enabled = (tl.w_bytes > 0) & ((tl.w_rec_ok & self.allow_rec) | self.allow_swap)
+        # cached cost of moving each window to each option (s), refreshed whenever it is evaluated:
+        # recompute, swap with the swap-in hidden behind compute (and the positions it covers), swap
+        # with the swap-in delayed past the peak.  They bound scores for the lazy selection.
+        # Columns: _O_REC, _O_HID, _O_LATE.  An option refused because it would raise position
+        # ``bat`` by ``bmem`` bytes to the peak is left out while that would still reach the peak.
+        self.cost = np.zeros((tl.nw, 3))
+        self.cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.node_time[tl.w_prod], np.inf)
+        if not self.allow_swap:
+            self.cost[:, _O_HID] = self.cost[:, _O_LATE] = np.inf
+        self.hid_lo = self.lo.copy()
+        self.hid_hi = self.hi.copy()
+        self.bat = np.full((tl.nw, 3), -1, dtype=np.int64)
+        self.bmem = np.zeros((tl.nw, 3), dtype=np.int64)
+        self.eval_step = np.full(tl.nw, -1, dtype=np.int64)
+        self.cache: dict[int, _Move] = {}
+        self.records: dict[int, Decision] = {}
+        self.step = 0
+        self.done = False
+        self.cut_short = False
+        self.t0 = time.perf_counter()
+        self._final: _Snapshot | None = None
+        self._final_peak: int | None = None
+
+    # ------------------------------------------------------------ descent
+    def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, _Snapshot]:
+        """Refine until the peak is under every budget (or, ``to_end``, until
+        no move is left); snapshot the state when it first gets under each."""
+        tl = self.tl
+        pending = sorted(set(int(b) for b in budgets), reverse=True)
+        out: dict[int, _Snapshot] = {}
+        while True:
+            m = tl.memory()
+            p = int(np.argmax(m))
+            peak = int(m[p])
+            while pending and peak <= pending[0]:
+                out[pending.pop(0)] = self._snapshot(peak)
+            if (not pending and not to_end) or self.done:
+                break
+            o = self.opts
+            if (o.max_steps is not None and self.step >= o.max_steps) or (
+                    o.time_limit_s is not None and time.perf_counter() - self.t0 > o.time_limit_s):
+                self.done = self.cut_short = True
+                break
+            move = self._select(p, peak, m)
+            if move is None:
+                self.done = True
+                break
+            self._commit(move, p, peak)
+        return out
+
+    def final(self) -> _Snapshot:
+        """The state at the end of the descent (the lowest peak it reaches)."""
+        if self._final is None:
+            self.descend([], to_end=True)
+            self._final = self._snapshot(self.tl.peak()[0])
+        return self._final
+
+    def _snapshot(self, peak: int) -> _Snapshot:
+        return _Snapshot(self.step, peak, time.perf_counter() - self.t0, self.tl.copy(), dict(self.records),
+                         self.cut_short)
+
+    def candidates(self, tl: Timeline, p: int) -> np.ndarray:
+        """Window ids a move may change at peak position ``p``: kept windows
+        around ``p``; swapped ones whose swap-in comes back before ``p`` (to
+        switch to recomputation or delay the swap-in); in hybrid mode,
+        recomputed ones whose chain runs at ``p`` (to switch to a swap)."""
+        rng = (self.lo <= p) & (tl.w_b - 1 >= p) & self.enabled
+        mask = rng & (tl.pol == KEEP)
+        if self.allow_swap:
+            mask |= rng & (tl.pol == SWAP) & ~((tl.sw_r0 <= p) & (p <= tl.sw_pos))
+        idx = np.flatnonzero(mask)
+        ch = tl.chains.get(p)
+        if ch is not None and self.allow_rec and self.allow_swap:
+            extra = [j for s in ch.touched for j in tl.s_windows.get(s, ())
+                     if tl.pol[j] == REC and tl.w_a[j] < p <= tl.w_maxhi[j]]
+            if extra:
+                idx = np.union1d(idx, np.array(extra, dtype=np.int64))
+        return idx
+
+    def _select(self, p: int, peak: int, mem: np.ndarray) -> _Move | None:
+        """Lazy best-first selection: candidates in order of their cached score
+        bound; the first whose fresh evaluation is still the best is taken."""
+        tl = self.tl
+        idx = self.candidates(tl, p)
+        if not len(idx):
+            return None
+        c = self.cost[idx]
+        bat = self.bat[idx]
+        c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
+        lo, hi = np.maximum(self.hid_lo[idx], self._release_bound(tl, idx)), self.hid_hi[idx]
+        c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
+        c[~((p > hi) & (p >= lo)), _O_LATE] = np.inf
+        best = c.min(axis=1)
+        local = np.where(np.isfinite(best), tl.w_bytes[idx] / np.maximum(best, self.eps), -np.inf)
+        fresh_best = None
+        evals = 0
+        while True:
+            k = int(np.argmax(local))
+            if local[k] == -np.inf:
+                return fresh_best
+            j = int(idx[k])
+            if self.eval_step[j] == self.step:
+                return self.cache[j]
+            if evals >= MAX_EVALS_PER_STEP and fresh_best is not None:
+                return fresh_best
+            self.eval_step[j] = self.step
+            evals += 1
+            mv = self._evaluate(tl, j, p, peak, limit=peak)
+            if mv is None:
+                local[k] = -np.inf
+            else:
+                self.cache[j] = mv
+                local[k] = mv.score
+                if fresh_best is None or mv.score > fresh_best.score:
+                    fresh_best = mv
+
+    def _release_bound(self, tl: Timeline, idx: np.ndarray) -> np.ndarray:
+        """Earliest position a swap of each window in ``idx`` could release its
+        storage: after its copy out, queued behind the copies already issued
+        before it (a lower bound: later copies are not delayed here)."""
+        if not self.allow_swap or not tl.overlap:
+            return self.lo[idx]
+        T = tl.start_times()
+        prod = tl.w_prod[idx]
+        issue = T[prod] + tl.node_time[prod]
+        sw = tl.swap
+        if len(sw.ids):
+            o = np.argsort(tl.w_prod[sw.ids], kind="stable")
+            sp = tl.w_prod[sw.ids][o]
+            ends = np.maximum.accumulate(sw.d2h_end_s[o])
+            k = np.searchsorted(sp, prod, side="right") - 1
+            issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
+        end = issue + tl.w_bytes[idx] / tl.d2h * (1.0 + tl.margin)
+        return np.searchsorted(T, end, side="left")
+
+    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None) -> _Move | None:
+        """Best admissible option for window ``j`` at peak position ``p``: every
+        raised point stays under ``limit`` (``None``: no such condition) and
+        position ``p`` goes down.  Options: recompute; swap with the swap-in
+        where it hides behind compute; swap with the swap-in delayed to right
+        after ``p`` (it then covers ``p``, at the price of a stall).  An
+        evicted window may switch policy or delay its swap-in."""
+        s = int(tl.w_s[j])
+        cur = int(tl.pol[j])
+        others = [int(tl.pol[k]) for k in tl.s_win.get(s, ()) if k != j]
+        m_p = int(tl.memory()[p]) if limit is None else peak
+        b = int(tl.w_b[j])
+        # options, tried cheapest cached cost first (recompute first on ties); an option is skipped
+        # once an admissible one is known to cost no more than its cached (lower-bound) cost
+        todo: list[tuple[float, int, int, int]] = []   # (cached cost, column, policy, floor)
+        if self.allow_rec and tl.w_rec_ok[j] and SWAP not in others and cur != REC:
+            todo.append((self.cost[j, _O_REC], _O_REC, REC, 0))
+        if self.allow_swap and REC not in others:
+            if cur != SWAP and p <= self.hid_hi[j]:
+                todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
+            elif (tl.pos.get(j, -1) if cur == SWAP else self.hid_hi[j]) < p < b:
+                todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+        opts: list[tuple[int, int, object]] = []
+        ok = []
+        mem = None
+        while todo:
+            todo.sort(key=lambda x: (x[0], x[1]))
+            cached, col, pol, fl = todo.pop(0)
+            if ok:
+                best = min(ok, key=lambda x: x[:2])
+                if cached > best[0] or (cached == best[0] and col != _O_REC):
+                    break
+            e = tl.evaluate(j, pol, floor=fl) if pol == SWAP else tl.evaluate(j, REC)
+            opts.append((pol, fl, e))
+            if tl is self.tl:
+                self._remember(j, [(pol, fl, e)])
+                self.bat[j, col] = -1
+            if not e.feasible:
+                continue
+            newp = tl.new_value_at(j, pol, e, p)
+            if newp < m_p and (limit is None or e.raised_max < limit):
+                ok.append((max(e.cost_s, 0.0), pol != REC, fl, pol, e, m_p - newp, None))
+                if pol == REC and cur == KEEP:
+                    self._try_shrink(tl, j, e, p, m_p, limit, ok)
+            elif limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
+                mem = tl.memory() if mem is None else mem
+                self.bat[j, col] = e.raised_at
+                self.bmem[j, col] = max(int(e.raised_max - mem[e.raised_at]), 0)
+            if col == _O_HID and newp >= m_p and p < b:
+                k = np.flatnonzero(e.swap.ids == j)
+                if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
+                    todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+        feasible = [(pol, fl, e) for pol, fl, e in opts if e.feasible]
+        if not ok:
+            return None
+        cost, _, fl, pol, eff, removed, shrink = min(ok, key=lambda x: x[:3])
+        rec = [max(e.cost_s, 0.0) for q, _, e in feasible if q == REC]
+        swp = [max(e.cost_s, 0.0) for q, _, e in feasible if q == SWAP]
+        rec_s = rec[0] if rec else (float(self.cost[j, _O_REC]) if np.isfinite(self.cost[j, _O_REC]) else None)
+        swap_s = min(swp) if swp else (float(self.cost[j, _O_HID]) if np.isfinite(self.cost[j, _O_HID]) else None)
+        rec_ok = any(x[3] == REC for x in ok)
+        raised = None
+        if pol == REC:
+            if cur == SWAP:
+                reason = REASON_SWITCH
+            elif not self.allow_swap:
+                reason = REASON_ONLY_POLICY
+            elif swp and not any(x[3] == SWAP for x in ok):
+                reason = REASON_SWAP_NO_GAIN
+            else:
+                reason = REASON_CHEAPEST
+        else:
+            if cur == REC:
+                reason = REASON_SWITCH
+            elif not self.allow_rec:
+                reason = REASON_ONLY_POLICY
+            elif not tl.w_rec_ok[j]:
+                reason = REASON_NOT_RECOMPUTABLE
+            elif rec and not rec_ok:
+                reason = REASON_NEW_PEAK
+                raised = next(e for q, _, e in feasible if q == REC)
+            else:
+                reason = REASON_CHEAPEST
+        score = removed / max(cost, self.eps)
+        return _Move(j, pol, eff, score, removed, rec_s, swap_s, reason,
+                     raised.raised_at if raised else None, raised.raised_max if raised else None, shrink)
+
+    def _try_shrink(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
+        """Recomputation variant of window ``j`` that ends at the first chain
+        regenerating the storage before its own use (``e``'s chains): kept from
+        there, it is not recomputed again (segment-wise regeneration)."""
+        s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+        qs = [q for q, ch in e.chains.items() if ch is not None and a < q < b
+              and any(tl.t_storage[t] == s for t in ch.made)]
+        if not qs:
+            return
+        q = min(qs)
+        made = [t for t in e.chains[q].made if tl.t_storage[t] == s]
+        old = (b, tl.w_hi[j], tl.w_pts[j], int(tl.w_maxhi[j]))
+        tl.set_before(j, q, made)
+        try:
+            e2 = tl.evaluate(j, REC)
+        finally:
+            tl.w_b[j], tl.w_hi[j], tl.w_pts[j], tl.w_maxhi[j] = old
+        if not e2.feasible or e2.cost_s >= e.cost_s:
+            return
+        tl.w_b[j] = q   # new_value_at reads the window
+        try:
+            newp = tl.new_value_at(j, REC, e2, p)
+        finally:
+            tl.w_b[j] = b
+        if newp < m_p and (limit is None or e2.raised_max < limit):
+            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, made)))
+
+    def _remember(self, j: int, opts) -> None:
+        """Cache the evaluated option costs of window ``j`` (see ``__init__``)."""
+        for pol, fl, e in opts:
+            c = max(e.cost_s, 0.0) if e.feasible else np.inf
+            if pol == REC:
+                self.cost[j, _O_REC] = c
+            elif fl == 0:
+                self.cost[j, _O_HID] = c
+                k = np.flatnonzero(e.swap.ids == j) if e.swap is not None else ()
+                if len(k):
+                    self.hid_lo[j], self.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
+            else:
+                self.cost[j, _O_LATE] = c
+
+    def _commit(self, mv: _Move, p: int, peak: int, tl: Timeline | None = None, records: dict | None = None,
+                reason: str | None = None) -> None:
+        tl = self.tl if tl is None else tl
+        records = self.records if records is None else records
+        j = mv.j
+        if mv.shrink is not None:
+            tl.set_before(j, mv.shrink[0], mv.shrink[1])
+        tl.apply(j, mv.policy, mv.eff)
+        records[j] = explain(self.problem, step=self.step if tl is self.tl else -1, storage=int(tl.w_s[j]),
+                             after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=_NAMES[mv.policy],
+                             nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
+                             added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
+                             reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes)
+        if tl is self.tl:
+            self.step += 1
+            # what is left are switch costs: roughly the other options' costs less what was paid
+            self.cost[j] = np.maximum(self.cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
+            self.cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
+            self.bat[j] = -1
+
+    # ------------------------------------------------------------- finish
+    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True) -> tuple[Timeline, dict, int]:
+        """The snapshot's timeline after the undo pass: decisions the budget
+        does not need are undone, most expensive first (estimate only)."""
+        tl = snap.timeline.copy()
+        records = dict(snap.records)
+        undone = 0
+        if self.opts.undo and undo:
+            mem = tl.memory()
+            for j in sorted(records, key=lambda k: (-records[k].added_s, -records[k].step)):
+                # quick test first: the storage back over its whole off range must fit
+                if tl.pol[j] == REC:
+                    lo, hi = int(tl.w_a[j]) + 1, int(tl.w_b[j]) - 1
+                else:
+                    lo, hi = int(tl.sw_r0[j]), int(tl.sw_pos[j])
+                if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.w_bytes[j]) > budget:
+                    continue
+                eff = tl.evaluate(j, KEEP)
+                if eff.feasible and eff.raised_max <= budget:
+                    tl.apply(j, KEEP, eff)
+                    del records[j]
+                    undone += 1
+                    mem = tl.memory()
+            self._keep_regenerated(tl, records, budget)
+        self._fix_shrunk(tl, records)
+        return tl, records, undone
+
+    def _fix_shrunk(self, tl: Timeline, records: dict) -> None:
+        """A window that ends where a chain regenerates its storage keeps that
+        end only while the chain still does; otherwise it gets its own window
+        back (the storage is then recomputed at its own use)."""
+        for _ in range(4):
+            broken = []
+            for j in np.flatnonzero((tl.w_b != self.orig_b) & (tl.pol == REC)).tolist():
+                s, q = int(tl.w_s[j]), int(tl.w_b[j])
+                ch = tl.chains.get(q)
+                if ch is None or not any(tl.t_storage[t] == s for t in ch.made):
+                    broken.append(j)
+            if not broken:
+                return
+            for j in broken:
+                s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(self.orig_b[j])
+                tl.apply(j, KEEP)
+                tl.set_before(j, b, [t for t in tl.views[s] if b in tl.t_cons[t]])
+                tl.apply(j, REC)
+                if j in records:
+                    records[j] = dataclasses.replace(records[j], before=b)
+
+    def _keep_regenerated(self, tl: Timeline, records: dict, budget: int) -> int:
+        """Where a recomputation chain regenerates an evicted storage before its
+        own use, keep it from there instead of recomputing it again later
+        (Chen et al.'s segment-wise regeneration), when the budget allows and
+        it saves time: the window ends at that chain.  Returns how many."""
+        done = 0
+        for j in sorted((k for k in records if tl.pol[k] == REC), key=lambda k: -int(tl.w_a[k])):
+            s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+            qs = [q for q in tl.touch.get(s, ()) if a < q < b and q in tl.chains
+                  and any(tl.t_storage[t] == s for t in tl.chains[q].made)]
+            if not qs:
+                continue
+            q = min(qs)
+            if int(tl.memory()[q:b].max()) + int(tl.w_bytes[j]) > budget:
+                continue
+            made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
+            cost = tl.added_s()
+            old = (int(tl.w_b[j]), tl.w_hi[j], tl.w_pts[j], int(tl.w_maxhi[j]))
+            tl.apply(j, KEEP, refresh=False)
+            tl.set_before(j, q, made)
+            tl.apply(j, REC, refresh=False)
+            if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
+                records[j] = dataclasses.replace(records[j], before=q)
+                done += 1
+                continue
+            tl.apply(j, KEEP, refresh=False)   # no gain or over budget: back to the window it had
+            tl.w_b[j], tl.w_hi[j], tl.w_pts[j], tl.w_maxhi[j] = old
+            tl.apply(j, REC, refresh=False)
+        if done and tl.swap.ids.size:
+            tl.refresh_swaps()
+        return done
+
+    def realize(self, prepared: tuple[Timeline, dict, int], snap: _Snapshot, budget: int,
+                repair: bool = True) -> _Plan | None:
+        """Lower, simulate and, while the simulated peak is over ``budget``,
+        repair against the simulated timeline; ``None`` if that fails."""
+        tl, records, undone = prepared[0].copy(), dict(prepared[1]), prepared[2]
+        for repairs in range(self.opts.max_repair_steps + 1 if repair else 1):
+            sched = lower(self.problem, tl.evictions())
+            sim = simulate(self.problem, sched)
+            if sim.peak_bytes <= budget:
+                return _Plan(sched, sim, tl, records, undone, repairs, snap)
+            if not repair or repairs == self.opts.max_repair_steps:
+                break
+            q = _position(self.problem, sched, sim.peak_index)
+            mv = self._repair_move(tl, q, budget)
+            if mv is None:
+                break
+            log.debug("libra: simulated peak %d over budget %d at position %d: repairing", sim.peak_bytes,
+                      budget, q)
+            self._commit(mv, q, int(sim.peak_bytes), tl, records, REASON_REPAIR)
+        return None
+
+    def finish(self, snap: _Snapshot, budget: int, undo: bool = True, repair: bool = True) -> _Plan | None:
+        """:meth:`prepare` then :meth:`realize`."""
+        return self.realize(self.prepare(snap, budget, undo), snap, budget, repair)
+
+    def _repair_move(self, tl: Timeline, q: int, budget: int) -> _Move | None:
+        idx = self.candidates(tl, q)
+        best = None
+        for j in idx.tolist():
+            mv = self._evaluate(tl, j, q, 0, limit=None)
+            if mv is None:
+                continue
+            key = (mv.eff.raised_max <= budget, mv.score)
+            if best is None or key > best[0]:
+                best = (key, mv)
+        return best[1] if best else None
+
+    def min_feasible_bytes(self) -> int:
+        """Simulated peak of the lowered end-of-descent plan (bytes)."""
+        if self._final_peak is None:
+            snap = self.final()
+            self._final_peak = simulate(self.problem, lower(self.problem, snap.timeline.evictions())).peak_bytes
+        return self._final_peak
+
+
+def _position(problem: RematProblem, sched, index: int) -> int:
+    """Eager position an instruction belongs to: the next first-time compute
+    at or after it (chains and swap-ins run for the node that follows)."""
+    seen = set()
+    nxt = problem.num_nodes - 1
+    first = []
+    for k, ins in enumerate(sched.instructions):
+        if ins.op == Op.COMPUTE and ins.arg not in seen:
+            seen.add(ins.arg)
+            first.append((k, ins.arg))
+    for k, node in first:
+        if k >= index:
+            return node
+    return nxt

@@ -1,0 +1,180 @@
+"""The swap layer of the ``libra`` estimate: where every swap decision's
+swap-in is issued, when its copies end, what it stalls and what it takes off
+the memory timeline, as a whole, vectorized over the swaps.
+
+- copies out are serialized on the device-to-host queue in issue order (right
+  after each producer, as :func:`~libra_opt.lowering.lower` emits them);
+- prefetches are planned backwards from each use on the host-to-device queue
+  (queue-aware, the lowering's ``prefetch="auto"``), earlier where a chain in
+  the window reads the storage, later where a decision delays them on purpose;
+- the host-to-device queue is then replayed forwards (running maxima; a
+  sequential replay only when something stalls, a stall delaying what follows);
+- a swapped storage leaves the timeline from the first node that starts after
+  its copy out ends until its swap-in is issued.
+
+Source: the simulator's copy-queue rules (:mod:`libra_opt.simulator`) and the
+lowering's prefetch rule; Libra (Wang, NTHU 2024) for hiding transfers behind
+compute.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SwapLayer:
+    """Positions and costs of every swap decision, as arrays over the swap
+    windows ``ids`` (ascending window ids).  ``removal`` (shape ``(N,)``,
+    bytes) is what the swaps take off the timeline; ``held`` (shape ``(N,)``,
+    bytes) what is still held during the recomputation chain before a
+    position although released by the time the node starts; ``stall_s`` per
+    swap.  ``pessimistic``: some swap-in is issued before its copy out ends (a
+    slow link), where the model over-counts memory and stalls."""
+
+    ids: np.ndarray
+    prefetch: np.ndarray
+    r0: np.ndarray
+    stall_s: np.ndarray
+    d2h_end_s: np.ndarray
+    removal: np.ndarray
+    held: np.ndarray
+    pessimistic: bool = False
+
+    @property
+    def total_stall_s(self) -> float:
+        return float(self.stall_s.sum()) if len(self.stall_s) else 0.0
+
+
+class SwapPlanner:
+    """Mixin of :class:`~libra_opt.solvers.libra_estimate.Timeline`: the swap layer."""
+
+    def _update_marks(self) -> None:
+        """Refresh, for the windows of storages whose chains changed, the first
+        chain inside the window that reads the storage (``touch_first``) and the
+        first that waits for its swap-in (``wait_q``, ``wait_off``)."""
+        BIG = self.N + 1
+        for s in self._dirty:
+            touch = self.touch.get(s, ())
+            waits = self.waits.get(s, {})
+            for j in self.s_windows.get(s, ()):
+                a, b = int(self.w_a[j]), int(self.w_b[j])
+                self.touch_first[j] = min((q for q in touch if a < q < b), default=BIG)
+                w = min(((q, off) for q, off in waits.items() if a < q <= b), default=None)
+                self.wait_q[j], self.wait_off[j] = (w if w is not None else (-1, 0.0))
+        self._dirty = set()
+
+    def _swap_layer(self, ids: np.ndarray, regen_time: np.ndarray, floor: tuple | None = None) -> SwapLayer:
+        N = self.N
+        removal = np.zeros(N + 2, dtype=np.int64)
+        if len(ids) == 0:
+            z = np.zeros(0)
+            return SwapLayer(ids, z.astype(np.int64), z.astype(np.int64), z, z, removal[:N], removal[:N].copy())
+        ids = np.sort(ids)
+        s, a, b, nbytes, prod = self.w_s[ids], self.w_a[ids], self.w_b[ids], self.w_bytes[ids], self.w_prod[ids]
+        f = 1.0 + self.margin
+        d_in = nbytes / self.h2d * f
+        d_out = nbytes / self.d2h * f
+        T = self.start_times(regen_time)
+        Tend = T + self.node_time
+        # copies out: one per storage, issued after its producer, serialized in issue order
+        if self.unique_storages:
+            uniq, first, inv = s, np.arange(len(s)), np.arange(len(s))
+        else:
+            uniq, first, inv = np.unique(s, return_index=True, return_inverse=True)
+        o = np.lexsort((uniq, prod[first]))
+        d_o = d_out[first][o]
+        issue = Tend[prod[first][o]]
+        if self.overlap:
+            S = np.cumsum(d_o)
+            ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
+        else:
+            ends_sorted = issue + d_o
+        ends_u = np.empty_like(ends_sorted)
+        ends_u[o] = ends_sorted
+        d2h_end = ends_u[inv]
+        self._update_marks()
+        # prefetches: walk the host-to-device queue backwards from each use (lowering's "auto")
+        o = np.lexsort((s, -b))
+        use = T[b[o]] - regen_time[b[o]]
+        D = np.cumsum(d_in[o])
+        start = np.minimum.accumulate(use + (D - d_in[o])) - D
+        pos_o = np.searchsorted(Tend, start, side="right") - 1
+        pos = np.empty_like(pos_o)
+        pos[o] = pos_o
+        # a chain inside the window that reads the storage gets it from an early prefetch, not a
+        # synchronous swap-in
+        pos = np.minimum(pos, self.touch_first[ids] - 1)
+        if not self.overlap:   # a copy blocks compute anyway: bring it back right before use
+            pos = b - 1
+        fl = self.floor[ids]
+        if floor is not None:
+            fl = np.where(ids == floor[0], floor[1], fl)
+        pos = np.maximum(pos, fl)   # a prefetch delayed on purpose to cover a later peak
+        pos = np.clip(pos, a + 1, b - 1)
+        # replay the host-to-device queue forwards in issue order; a stall delays everything after it
+        stall = np.zeros(len(ids))
+        wq = self.wait_q[ids]
+        wpos = np.where(wq >= 0, wq, b)
+        woff = np.where(wq >= 0, self.wait_off[ids], 0.0)
+        if self.overlap:
+            wait_at = T[wpos] - regen_time[wpos] + woff
+            o_in = np.lexsort((s, b, pos))   # at one position: in order of use (lowering)
+            ready = np.maximum(Tend[pos], d2h_end)[o_in]
+            S = np.cumsum(d_in[o_in])
+            arrive = np.empty(len(ids))
+            arrive[o_in] = S + np.maximum.accumulate(ready - (S - d_in[o_in]))
+            if (arrive > wait_at).any():
+                stall = self._replay(o_in.tolist(), np.lexsort((s, woff, wpos)).tolist(), wpos.tolist(),
+                                     pos.tolist(), wait_at.tolist(), Tend[pos].tolist(), d_in.tolist(),
+                                     d2h_end.tolist())
+        else:
+            stall = d_in + d_out
+        # releases: a swapped storage leaves when its copy out has ended
+        if self.overlap:
+            stall_at = np.zeros(N)
+            np.add.at(stall_at, wpos, stall)
+            delay = np.cumsum(stall_at)
+            r0 = np.maximum(a + 1, np.searchsorted(T + delay, d2h_end, side="left"))
+            # a swap-in issued before its copy out has ended holds a second buffer until then
+            late = d2h_end > Tend[pos] + delay[pos]
+            r0_late = np.maximum(pos + 2, np.searchsorted(T, d2h_end, side="left"))
+        else:
+            r0 = a + 1
+            late = np.zeros(len(ids), dtype=bool)
+            r0_late = r0
+        ok = (r0 <= pos) & ~late
+        np.add.at(removal, r0[ok], nbytes[ok])
+        np.add.at(removal, pos[ok] + 1, -nbytes[ok])
+        np.add.at(removal, pos[late] + 1, -nbytes[late])
+        np.add.at(removal, np.minimum(r0_late[late], N), nbytes[late])
+        removal = np.cumsum(removal)[:N]
+        held = np.zeros(N, dtype=np.int64)
+        if self.overlap:   # released during the chain that runs before r0: held while the chain runs
+            r0c = np.minimum(r0, N - 1)
+            chain_start = T[r0c] + delay[r0c] - regen_time[r0c]
+            h = ok & (regen_time[r0c] > 0) & (d2h_end > chain_start)
+            np.add.at(held, r0c[h], nbytes[h])
+        return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()))
+
+    @staticmethod
+    def _replay(o_in, o_wait, wpos, pos, wait_at, issue_at, d_in, host) -> np.ndarray:
+        """Sequential replay of the host-to-device queue with stalls delaying
+        everything after them; returns the stall per swap (s)."""
+        n = len(o_in)
+        stall = np.zeros(n)
+        arrive = [0.0] * n
+        delay = free_at = 0.0
+        k_in = 0
+        for x in o_wait:
+            while k_in < n and pos[o_in[k_in]] < wpos[x]:   # issued after compute pos < wait position
+                y = o_in[k_in]
+                start = max(issue_at[y] + delay, free_at, host[y])
+                free_at = arrive[y] = start + d_in[y]
+                k_in += 1
+            st = arrive[x] - (wait_at[x] + delay)
+            if st > 0:
+                stall[x] = st
+                delay += st
+        return stall

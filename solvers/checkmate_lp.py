@@ -145,7 +145,7 @@ class CheckmateLPSolver(Solver):
                                    f"{setup.note()}", dict(extras, heuristic=c.name))
             detail = ("the Checkmate LP relaxation is infeasible at this budget" if rr.lp_infeasible else
                       "no rounding of the Checkmate LP fits this budget; checkmate-milp may find a plan")
-            raise setup.infeasible(budget_bytes, heur, detail)
+            raise setup.infeasible(budget_bytes, heur + ([rr.lowest] if rr.lowest is not None else []), detail)
         cand = rr.best
         lower = None
         status = FEASIBLE
@@ -176,12 +176,16 @@ class LPRounding:
         The LP optimum at the full budget, seconds (None if infeasible or not reached).
     lp_infeasible : bool
         The LP at the full budget is infeasible (so is the MILP).
+    lowest : Candidate or None
+        The rounded plan with the smallest simulated peak, within budget or
+        not: its peak is a budget shown feasible.
     extras : dict
         ``lp_value_s``, ``num_vars``, ``num_rows``, ``roundings_tried``,
         ``threshold``, ``budget_factor``.
     """
 
     best: Candidate | None = None
+    lowest: Candidate | None = None
     threshold: float | None = None
     factor: float | None = None
     lp_value_s: float | None = None
@@ -265,6 +269,8 @@ def round_lp(setup: CheckmateSetup, budget_bytes: int, *, backend: str = "scipy"
             R, S = rs_from_s(g, S0)
             cand = setup.candidate(f"LP rounding (threshold {th:g})", R, S,
                                    {"solver": setup.solver, "threshold": th, "budget_factor": factor})
+            if out.lowest is None or cand.peak_bytes < out.lowest.peak_bytes:
+                out.lowest = cand
             if cand.peak_bytes <= budget_bytes and (out.best is None or cand.time_s < out.best.time_s):
                 out.best, out.threshold, out.factor = cand, th, factor
         if out.best is not None:

@@ -249,6 +249,10 @@ class CheckmateMILPSolver(Solver):
             extras["returned"] = cand.name
             if status == OPTIMAL:  # cheaper than the model's optimum: a plan outside the model
                 status = FEASIBLE
+        if setup.coarsened and status == OPTIMAL:
+            # optimal for the coarse model only: plans outside it (finer recompute) may be cheaper
+            status = FEASIBLE
+            msg += " on the coarsened graph"
         lower = None
         if not setup.coarsened:
             # every node runs at least once, so the no-remat compute time is a bound too

@@ -112,3 +112,16 @@ def format_seconds(s: float) -> str:
     if abs(s) >= 1e-3:
         return f"{s * 1e3:.2f} ms"
     return f"{s * 1e6:.1f} us"
+
+
+def budget_from_text(text: str) -> str | float:
+    """A budget typed on the command line, ready for :func:`parse_budget`.
+
+    ``"0.6"`` becomes the float 0.6 (a fraction of the no-remat peak); a plain
+    integer (``"1000000"``, bytes), ``"60%"`` and ``"12GiB"`` stay strings.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        return text
+    return value if 0 < value <= 1 and not text.strip().isdigit() else text

@@ -9,6 +9,8 @@ the plan goes over it (the message names the instruction).
 """
 from __future__ import annotations
 
+from libra_opt.units import budget_from_text
+
 import argparse
 import sys
 
@@ -28,15 +30,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
                    help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
     return p
-
-
-def _budget_arg(text: str):
-    """'0.6' -> 0.6 (a fraction), anything else as given (parse_budget reads it)."""
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return value if 0 < value <= 1 and not text.strip().isdigit() else text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -59,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     budget = None
     if args.budget is not None:
         try:
-            budget = parse_budget(_budget_arg(args.budget), reference.peak_bytes)
+            budget = parse_budget(budget_from_text(args.budget), reference.peak_bytes)
         except ValueError as e:
             print(f"libra-opt simulate: error: --budget: {e}", file=sys.stderr)
             return 2

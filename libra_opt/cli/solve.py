@@ -12,6 +12,8 @@ that does).
 """
 from __future__ import annotations
 
+from libra_opt.units import budget_from_text
+
 import argparse
 import sys
 
@@ -36,15 +38,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
                    help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
     return p
-
-
-def budget_arg(text: str):
-    """``'0.6'`` -> 0.6 (a fraction of the no-remat peak); anything else as given."""
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return value if 0 < value <= 1 and not text.strip().isdigit() else text
 
 
 def solver_options(args: argparse.Namespace, solver_name: str) -> dict:
@@ -78,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"libra-opt solve: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
         return 2
     solver = get_solver(args.solver, **solver_options(args, args.solver))
-    result = solver.solve(problem, budget_arg(args.budget), raise_on_infeasible=False)
+    result = solver.solve(problem, budget_from_text(args.budget), raise_on_infeasible=False)
     print(f"problem:  {problem.name} ({len(problem.nodes)} nodes) from {args.file}")
     print(f"solver:   {result.solver} {solver.options}")
     print(f"budget:   {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes)")

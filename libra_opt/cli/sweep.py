@@ -38,9 +38,11 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.solvers import get_solver
     from libra_opt.units import format_bytes, format_seconds
 
-    from .solve import budget_arg, solver_options
+    from libra_opt.units import budget_from_text
 
-    budgets = [budget_arg(b.strip()) for b in args.budgets.split(",") if b.strip()]
+    from .solve import solver_options
+
+    budgets = [budget_from_text(b.strip()) for b in args.budgets.split(",") if b.strip()]
     if not budgets:
         print("libra-opt sweep: error: --budgets is empty; give e.g. 0.9,0.8,0.7", file=sys.stderr)
         return 2

@@ -198,6 +198,7 @@ class MemoryBreakdown:
     d2h_bytes: int = 0
 
     def lines(self) -> list[str]:
+        """The "where the saved activations went" table, one line per kind (text)."""
         total = self.recomputed_bytes + self.swapped_bytes + self.kept_bytes
 
         def pct(b):

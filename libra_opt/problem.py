@@ -275,6 +275,7 @@ class RematProblem:
 
     @property
     def num_nodes(self) -> int:
+        """Number of nodes (ops) in the step."""
         return len(self.nodes)
 
     @cached_property
@@ -309,6 +310,7 @@ class RematProblem:
 
     @cached_property
     def output_set(self) -> frozenset[int]:
+        """``outputs`` as a frozenset, for membership tests."""
         return frozenset(self.outputs)
 
     @cached_property

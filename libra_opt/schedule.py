@@ -149,6 +149,7 @@ class Schedule:
 
     # ---------------------------------------------------------------- JSON
     def to_dict(self) -> dict:
+        """JSON-ready dict: schema, version, meta and ``[op name, arg]`` pairs."""
         return {"schema": SCHEDULE_SCHEMA, "version": SCHEDULE_VERSION, "meta": self.meta,
                 "instructions": [[_OP_NAMES[i.op], i.arg] for i in self.instructions]}
 

@@ -181,6 +181,7 @@ class OptimizedModule(nn.Module):
         return out
 
     def extra_repr(self) -> str:
+        """The plan in ``repr(module)``: solver, budget and predicted peak (bytes) and step (s)."""
         p = self.plan
         return (f"solver={p.solver!r}, budget={p.budget_bytes} B, predicted peak={p.peak_bytes} B, "
                 f"predicted step={p.time_s:.6f} s")

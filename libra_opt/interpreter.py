@@ -67,14 +67,16 @@ class ScheduleInterpreter:
         nt, nn = len(self.problem.tensors), len(self.problem.nodes)
         self.start()
         instrs = schedule.instructions if stop is None else schedule.instructions[:stop]
+        compute = Op.COMPUTE
         for k, ins in enumerate(instrs):
             self.index = k
-            limit = nn if ins.op == Op.COMPUTE else nt
-            if not 0 <= ins.arg < limit:
-                raise ScheduleError(f"argument {ins.arg} is not a {'node' if ins.op == Op.COMPUTE else 'tensor'} id "
+            op, arg = ins
+            if not 0 <= arg < (nn if op == compute else nt):
+                limit = nn if op == Op.COMPUTE else nt
+                raise ScheduleError(f"argument {arg} is not a {'node' if op == Op.COMPUTE else 'tensor'} id "
                                     f"(0..{limit - 1})", k, repr(ins))
             try:
-                steps[ins.op](ins.arg)
+                steps[op](arg)
             except ScheduleError as e:
                 if e.index is not None:
                     raise

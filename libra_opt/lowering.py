@@ -28,6 +28,7 @@ recompute/swap policy.
 from __future__ import annotations
 
 import bisect
+import weakref
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
@@ -36,7 +37,7 @@ import numpy as np
 
 from .errors import ScheduleError
 from .problem import ACTIVATION, RematProblem
-from .schedule import Compute, Free, Instr, Schedule, SwapIn, SwapOut, Wait
+from .schedule import Compute, Free, Instr, Op, Schedule, SwapIn, SwapOut, Wait
 
 
 class Policy(str, Enum):
@@ -62,9 +63,33 @@ class Eviction:
     prefetch_after: int | None = None
 
 
+# per-problem facts the lowering reads on every call (a RematProblem is not changed after it is built)
+_CACHE: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
+
+
+def _cached(problem: RematProblem) -> dict:
+    c = _CACHE.get(problem)
+    if c is None:
+        c = _CACHE[problem] = {}
+    return c
+
+
+def _uses(problem: RematProblem) -> dict[int, list[int]]:
+    """:func:`storage_uses`, computed once per problem (shared: do not mutate)."""
+    c = _cached(problem)
+    u = c.get("uses")
+    if u is None:
+        u = c["uses"] = _storage_uses(problem)
+    return u
+
+
 def storage_uses(problem: RematProblem) -> dict[int, list[int]]:
     """Storage id -> sorted node positions that produce or read any tensor on it
     (activation storages that are not step outputs only)."""
+    return {s: list(u) for s, u in _uses(problem).items()}
+
+
+def _storage_uses(problem: RematProblem) -> dict[int, list[int]]:
     out: dict[int, set[int]] = {}
     outputs = problem.output_set
     banned = {problem.tensors[o].storage for o in outputs}
@@ -84,9 +109,16 @@ def default_windows(problem: RematProblem) -> dict[int, tuple[int, int]]:
     (the activations saved for backward).  Without one (a single-phase DAG): the
     largest gap between consecutive uses.  Only gaps of at least 2 positions.
     """
+    c = _cached(problem)
+    if "windows" not in c:
+        c["windows"] = _default_windows(problem)
+    return dict(c["windows"])
+
+
+def _default_windows(problem: RematProblem) -> dict[int, tuple[int, int]]:
     b = problem.boundary
     out: dict[int, tuple[int, int]] = {}
-    for s, uses in storage_uses(problem).items():
+    for s, uses in _uses(problem).items():
         if b < problem.num_nodes:
             fwd = [u for u in uses if u < b]
             bwd = [u for u in uses if u >= b]
@@ -105,7 +137,7 @@ def default_windows(problem: RematProblem) -> dict[int, tuple[int, int]]:
 def all_windows(problem: RematProblem) -> list[tuple[int, int, int]]:
     """Every gap of at least 2 positions between consecutive uses of every
     storage, as ``(storage, after, before)``."""
-    return [(s, x, y) for s, uses in storage_uses(problem).items()
+    return [(s, x, y) for s, uses in _uses(problem).items()
             for x, y in zip(uses, uses[1:]) if y - x >= 2]
 
 
@@ -115,10 +147,22 @@ class _Lowerer:
         self.tensors = p.tensors
         self.nodes = p.nodes
         self.outputs = p.output_set
-        self.cons = [t.consumers for t in p.tensors]
+        c = _cached(p)
+        if "cons" not in c:
+            c["cons"] = [t.consumers for t in p.tensors]
+            # last[t]: last position reading t (-1: none); freeable[t]: an activation that is not a step output
+            c["last"] = [t.consumers[-1] if t.consumers else -1 for t in p.tensors]
+            c["freeable"] = [t.kind == ACTIVATION and t.id not in self.outputs for t in p.tensors]
+            c["is_act"] = [t.kind == ACTIVATION for t in p.tensors]
+            c["storage"] = [t.storage for t in p.tensors]
+        self.cons = c["cons"]
+        self._last = c["last"]
+        self._freeable = c["freeable"]
+        self._is_act = c["is_act"]
+        self._storage = c["storage"]
         self.prefetch = prefetch
         self.windows: dict[int, list[Eviction]] = {}
-        uses = storage_uses(p)
+        uses = _uses(p)
         for ev in evictions:
             if ev.policy == Policy.KEEP:
                 continue
@@ -207,7 +251,7 @@ class _Lowerer:
     def _should_free(self, t: int, i: int) -> bool:
         if t in self.outputs:
             return False
-        return self._next_use(t, i) is None or self._is_off(self.tensors[t].storage, i)
+        return self._last[t] <= i or self._is_off(self._storage[t], i)
 
     # ----------------------------------------------------------------- emit
     def run(self) -> Schedule:
@@ -217,27 +261,43 @@ class _Lowerer:
         self.arriving: set[int] = set()
         self.host: set[int] = set()
         live = self.resident
+        host, arriving = self.host, self.arriving
+        is_act, last, freeable, storage, off = self._is_act, self._last, self._freeable, self._storage, self.off
+        is_off = self._is_off
+        swap_out_at, evict_at, prefetch_at = self.swap_out_at, self.evict_at, self.prefetch_at
+        views = self.p.storage_views
+        append = out.append
+        COMPUTE, FREE, SWAP_OUT, SWAP_IN = Op.COMPUTE, Op.FREE, Op.SWAP_OUT, Op.SWAP_IN
         for i, node in enumerate(self.nodes):
-            touched = self._regenerate(i, node.inputs)
-            out.append(Compute(i))
-            for t in node.outputs:
-                live.add(t)
-            touched.update(node.inputs)
-            touched.update(node.outputs)
-            for s in self.swap_out_at.get(i, ()):
-                if s not in self.host:
-                    out.append(SwapOut(s))
-                    self.host.add(s)
-            for s in self.evict_at.get(i, ()):
-                touched.update(t for t in self.p.storage_views[s] if t in live)
+            ins = node.inputs
+            for t in ins:
+                if is_act[t] and t not in live:
+                    touched = self._regenerate(i, ins)
+                    break
+            else:
+                touched = set()
+            append(Instr(COMPUTE, i))
+            outs = node.outputs
+            live.update(outs)
+            touched.update(ins)
+            touched.update(outs)
+            if i in swap_out_at:
+                for s in swap_out_at[i]:
+                    if s not in host:
+                        append(Instr(SWAP_OUT, int(s)))
+                        host.add(s)
+            if i in evict_at:
+                for s in evict_at[i]:
+                    touched.update(t for t in views[s] if t in live)
             for t in sorted(touched):
-                if t in live and self.tensors[t].kind == ACTIVATION and self._should_free(t, i):
-                    out.append(Free(t))
+                if freeable[t] and t in live and (last[t] <= i or (storage[t] in off and is_off(storage[t], i))):
+                    append(Instr(FREE, t))
                     live.discard(t)
-            for s in self.prefetch_at.get(i, ()):
-                if s not in live and s not in self.arriving:
-                    out.append(SwapIn(s))
-                    self.arriving.add(s)
+            if i in prefetch_at:
+                for s in prefetch_at[i]:
+                    if s not in live and s not in arriving:
+                        append(Instr(SWAP_IN, int(s)))
+                        arriving.add(s)
         return Schedule(out)
 
     def _regenerate(self, i: int, needed: Iterable[int]) -> set[int]:

@@ -23,6 +23,7 @@ end, a swap of a view, budget exceeded.
 from __future__ import annotations
 
 import heapq
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -181,10 +182,13 @@ class Simulator(ScheduleInterpreter):
 
     # ---------------------------------------------------------- instructions
     def compute(self, nid: int) -> None:
-        self._release_done()
+        if self.pending and self.pending[0][0] <= self.t:
+            self._release_done()
         node = self.problem.nodes[nid]
+        resident, is_input = self.resident, self._is_input
         for tid in node.inputs:
-            self._check_usable(tid, f"node {node.name!r}")
+            if not (is_input[tid] or tid in resident):
+                self._check_usable(tid, f"node {node.name!r}")
         if nid in self.computed:
             if not node.recomputable:
                 self.fail(f"node {node.name!r} ({node.target}) is not recomputable (random or mutating op) "
@@ -193,30 +197,34 @@ class Simulator(ScheduleInterpreter):
         self.computed.add(nid)
         start = self.t if self._overlap else max(self.t, self.d2h_free, self.h2d_free)
         transient = node.workspace_bytes
+        storage, nbytes, refs, allocated, produced = self._storage, self._nbytes, self.refs, self.allocated, self.produced
         for tid in node.outputs:
-            s = self._storage[tid]
-            if tid in self.resident:
-                transient += self._nbytes[tid]
+            s = storage[tid]
+            if tid in resident:
+                transient += nbytes[tid]
                 continue
             if tid in self.arriving:
                 self.fail(f"node {node.name!r} recomputes {self._name(tid)} while its swap-in is in flight")
-            self.resident.add(tid)
-            self.produced.add(tid)
-            self.refs[s] = self.refs.get(s, 0) + 1
-            if s not in self.allocated:
+            resident.add(tid)
+            produced.add(tid)
+            refs[s] = refs.get(s, 0) + 1
+            if s not in allocated:
                 if s != tid:
                     self.fail(f"node {node.name!r} makes view {self._name(tid)} of storage "
                               f"{self._name(s)} which is not resident")
-                self.allocated.add(s)
-                self.mem += self._nbytes[s]
-        self._note(self.mem + transient)
+                allocated.add(s)
+                self.mem += nbytes[s]
+        mem = self.mem + transient
+        if mem > self.peak:
+            self._note(mem)
         self.tl_t.append(start)
-        self.tl_b.append(self.mem + transient)
+        self.tl_b.append(mem)
         self.t = start + node.time_s
         self.compute_s += node.time_s
 
     def free(self, tid: int) -> None:
-        self._release_done()
+        if self.pending and self.pending[0][0] <= self.t:
+            self._release_done()
         if tid in self.problem.output_set:
             self.fail(f"frees {self._name(tid)}, an output of the step (loss, model output or gradient), "
                       f"which must stay resident to the end")
@@ -228,7 +236,8 @@ class Simulator(ScheduleInterpreter):
             self.fail(f"frees {self._name(tid)}, which is not resident (never computed or already freed)")
         self.resident.discard(tid)
         self._drop(tid)
-        self._record()
+        self.tl_t.append(self.t)
+        self.tl_b.append(self.mem)
 
     def swap_out(self, tid: int) -> None:
         self._release_done()
@@ -348,5 +357,12 @@ def resident_at(problem: RematProblem, schedule: Schedule, index: int) -> set[in
 
 def no_remat_peak(problem: RematProblem) -> int:
     """Peak graph memory of the no-remat plan (bytes): the reference that
-    relative budgets refer to."""
-    return simulate(problem).peak_bytes
+    relative budgets refer to.  Computed once per problem (a problem is not
+    changed after it is built)."""
+    peak = _NO_REMAT_PEAK.get(problem)
+    if peak is None:
+        peak = _NO_REMAT_PEAK[problem] = simulate(problem).peak_bytes
+    return peak
+
+
+_NO_REMAT_PEAK: "weakref.WeakKeyDictionary[RematProblem, int]" = weakref.WeakKeyDictionary()

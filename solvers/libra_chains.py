@@ -60,9 +60,13 @@ class ChainReplay:
         hypothetical) decisions; ``None`` if node ``q`` needs nothing.  Mirrors
         ``lowering._Lowerer._regenerate``."""
         st = self._st
-        missing = [t for t in self.n_inputs[q] if st(t, q) != _LIVE]
+        n_inputs = self.n_inputs
+        missing = [t for t in n_inputs[q] if st(t, q) != _LIVE]
         if not missing:
             return None
+        tsto = self.t_storage
+        t_prod = self.t_prod
+        has_swap = self._has_swap
         state: dict[int, int] = {}
         order: list[tuple[bool, int]] = []   # (is_swap, tensor or node)
         stack = [(t, False) for t in reversed(missing)]
@@ -75,22 +79,27 @@ class ChainReplay:
             return v
 
         def is_swap(t):
-            s = self.t_storage[t]
-            return t == s and (stc(t) == _ARRIVING or (self._has_swap(s)))
+            s = tsto[t]
+            return t == s and (stc(t) == _ARRIVING or (has_swap(s)))
 
         while stack:
             t, done = stack.pop()
             if done:
                 sw = is_swap(t)
-                order.append((True, t) if sw else (False, self.t_prod[t]))
+                order.append((True, t) if sw else (False, t_prod[t]))
                 state[t] = 2
                 continue
-            if t in state or stc(t) == _LIVE:
+            if t in state:
+                continue
+            v = cache.get(t)
+            if v is None:
+                v = cache[t] = st(t, q)
+            if v == _LIVE:
                 continue
             state[t] = 1
             stack.append((t, True))
             if not is_swap(t):
-                for u in reversed(self.n_inputs[self.t_prod[t]]):
+                for u in reversed(n_inputs[t_prod[t]]):
                     if u not in state and stc(u) != _LIVE:
                         stack.append((u, False))
         pending: dict[int, int] = {}
@@ -101,10 +110,10 @@ class ChainReplay:
                 if x in seen:
                     continue
                 seen.add(x)
-                for u in self.n_inputs[x]:
+                for u in n_inputs[x]:
                     pending[u] = pending.get(u, 0) + 1
             steps.append((sw, x))
-        for u in self.n_inputs[q]:
+        for u in n_inputs[q]:
             pending[u] = pending.get(u, 0) + 1
         made: set[int] = set()
         resident: set[int] = set()      # tensors made resident by the chain
@@ -117,7 +126,8 @@ class ChainReplay:
         waits = []
         feasible = True
         nb = self.t_nbytes
-        tsto = self.t_storage
+        t_out, t_cons, t_act, views = self.t_out, self.t_cons, self.t_act, self.views
+        storage_off = self._storage_off
 
         def live(t):
             return t in resident or stc(t) == _LIVE
@@ -125,8 +135,8 @@ class ChainReplay:
         def allocated_before(s):
             v = pre_alloc.get(s)
             if v is None:
-                v = pre_alloc[s] = any(stc(t) == _LIVE for t in self.views[s]) or (
-                    self.t_act[s] and any(stc(t) == _ARRIVING for t in self.views[s]))
+                v = pre_alloc[s] = any(stc(t) == _LIVE for t in views[s]) or (
+                    t_act[s] and any(stc(t) == _ARRIVING for t in views[s]))
             return v
 
         def add(t):
@@ -142,14 +152,15 @@ class ChainReplay:
         def drop(cands):
             nonlocal cur
             for t in cands:
-                if t in made and t in resident and pending.get(t, 0) == 0 and not self.t_out[t] and (
-                        not any(c > q for c in self.t_cons[t]) or self._storage_off(tsto[t], q)):
+                if t in made and t in resident and pending.get(t, 0) == 0 and not t_out[t] and (
+                        not any(c > q for c in t_cons[t]) or storage_off(tsto[t], q)):
                     resident.discard(t)
                     s = tsto[t]
                     refs[s] -= 1
                     if refs[s] == 0 and not allocated_before(s):
                         cur -= nb[s]
 
+        n_outputs, n_recomp, n_time, n_ws = self.n_outputs, self.n_recomp, self.n_time, self.n_ws
         for sw, x in steps:
             if sw:
                 if live(x):
@@ -166,14 +177,14 @@ class ChainReplay:
                     refs[x] = refs.get(x, 0) + 1
                 drop([x])
                 continue
-            outs = self.n_outputs[x]
+            outs = n_outputs[x]
             if all(live(t) for t in outs):
                 continue
-            if not self.n_recomp[x]:
+            if not n_recomp[x]:
                 feasible = False
             nodes.append(x)
-            time_s += self.n_time[x]
-            transient = self.n_ws[x]
+            time_s += n_time[x]
+            transient = n_ws[x]
             new = []
             for t in outs:
                 if live(t):
@@ -183,11 +194,12 @@ class ChainReplay:
             for t in new:
                 add(t)
             peak = max(peak, cur + transient)
-            for u in self.n_inputs[x]:
+            ins = n_inputs[x]
+            for u in ins:
                 pending[u] -= 1
-                if self.t_act[u]:
+                if t_act[u]:
                     touched.add(tsto[u])
-            drop(list(self.n_inputs[x]) + new)
+            drop(list(ins) + new)
         for t in missing:
             touched.add(tsto[t])
         return Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),

@@ -318,7 +318,11 @@ class Timeline(ChainReplay, SwapPlanner):
         if not self.t_out[t] and self.t_last[t] < q:
             return _MISSING
         s = self.t_storage[t]
-        for j in self._wins(s):
+        ws = self.s_win.get(s, ())
+        h = self._hyp
+        if h is not None and h[2] == s and h[0] not in ws:
+            ws = (*ws, h[0])
+        for j in ws:
             pol = self._pol(j)
             if pol == KEEP:
                 continue

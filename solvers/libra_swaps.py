@@ -77,7 +77,12 @@ class SwapPlanner:
         d_in = nbytes / self.h2d * f
         d_out = nbytes / self.d2h * f
         T = self.start_times(regen_time)
-        Tend = T + self.node_time
+        c = getattr(self, "_tend", None)
+        if c is not None and c[0] is T:   # end times of the cached start times
+            Tend = c[1]
+        else:
+            Tend = T + self.node_time
+            self._tend = (T, Tend)
         # copies out: one per storage, issued after its producer, serialized in issue order
         if self.unique_storages:
             uniq, first, inv = s, np.arange(len(s)), np.arange(len(s))
@@ -132,13 +137,18 @@ class SwapPlanner:
         else:
             stall = d_in + d_out
         # releases: a swapped storage leaves when its copy out has ended
-        if self.overlap:
+        stalled = self.overlap and bool(stall.any())
+        if stalled:
             stall_at = np.zeros(N)
             np.add.at(stall_at, wpos, stall)
             delay = np.cumsum(stall_at)
             r0 = np.maximum(a + 1, np.searchsorted(T + delay, d2h_end, side="left"))
             # a swap-in issued before its copy out has ended holds a second buffer until then
             late = d2h_end > Tend[pos] + delay[pos]
+            r0_late = np.maximum(pos + 2, np.searchsorted(T, d2h_end, side="left"))
+        elif self.overlap:   # no stall: no delay
+            r0 = np.maximum(a + 1, np.searchsorted(T, d2h_end, side="left"))
+            late = d2h_end > Tend[pos]
             r0_late = np.maximum(pos + 2, np.searchsorted(T, d2h_end, side="left"))
         else:
             r0 = a + 1
@@ -153,7 +163,7 @@ class SwapPlanner:
         held = np.zeros(N, dtype=np.int64)
         if self.overlap:   # released during the chain that runs before r0: held while the chain runs
             r0c = np.minimum(r0, N - 1)
-            chain_start = T[r0c] + delay[r0c] - regen_time[r0c]
+            chain_start = (T[r0c] + delay[r0c] if stalled else T[r0c]) - regen_time[r0c]
             h = ok & (regen_time[r0c] > 0) & (d2h_end > chain_start)
             np.add.at(held, r0c[h], nbytes[h])
         return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()))

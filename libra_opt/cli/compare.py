@@ -18,6 +18,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .common import add_problem_arguments, read_problem
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``compare`` subcommand; returns its parser."""
@@ -25,7 +27,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "compare", help="compare solvers over memory budgets: added time, peak, solve time, gap to bound",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    add_problem_arguments(p)
     p.add_argument("--budgets", default="0.9,0.8,0.7", metavar="B1,B2,...",
                    help="memory budgets: fractions (0.8), percentages (80%%) or sizes (12GiB); "
                         "default 0.9,0.8,0.7")
@@ -35,8 +37,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="OUT.png", help="plot added time against budget, one curve per solver")
     p.add_argument("--time-limit", type=float, metavar="S",
                    help="seconds per solve, for solvers with a time limit (checkmate-milp)")
-    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
-                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -75,7 +75,6 @@ def parse_budget_list(text: str) -> list:
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt compare``; returns the exit status (0; 2 on bad input)."""
     from libra_opt.compare import compare, format_table, plot_rows, rows_to_csv, time_limit_options
-    from libra_opt.importers import load_problem_any
     from libra_opt.simulator import no_remat_peak
     from libra_opt.solvers import available_solvers
     from libra_opt.units import format_bytes, format_seconds, parse_budget
@@ -89,10 +88,8 @@ def run(args: argparse.Namespace) -> int:
     if not solvers:
         print("libra-opt compare: error: --solvers is empty", file=sys.stderr)
         return 2
-    try:
-        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
-    except OSError as e:
-        print(f"libra-opt compare: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+    problem = read_problem(args, "compare")
+    if problem is None:
         return 2
     peak = no_remat_peak(problem)
     try:

@@ -9,10 +9,12 @@ the plan goes over it (the message names the instruction).
 """
 from __future__ import annotations
 
-from libra_opt.units import budget_from_text
-
 import argparse
 import sys
+
+from libra_opt.units import budget_from_text
+
+from .common import add_problem_arguments, read_problem, report_unreadable
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -20,15 +22,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "simulate", help="simulate a plan on a problem: peak memory, step time, recompute, stalls, swaps",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
-    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    add_problem_arguments(p)
     p.add_argument("--plan", metavar="PLAN.json",
                    help="schedule JSON (Schedule.save); default: the no-remat plan (free after last use)")
     p.add_argument("--budget", metavar="B",
                    help="graph-memory budget to check: bytes, '12GiB', '60%%' or 0.6 of the no-remat peak")
     p.add_argument("--plot", metavar="OUT.png", help="write a memory timeline plot (with the no-remat plan "
                                                       "for comparison when --plan is given)")
-    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
-                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
     return p
 
 
@@ -36,16 +36,17 @@ def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt simulate``; returns the exit status (0 ok, 1 over budget)."""
     from libra_opt.bounds import memory_lower_bound
     from libra_opt.errors import BudgetExceededError
-    from libra_opt.importers import load_problem_any
     from libra_opt.schedule import Schedule, no_remat_schedule
     from libra_opt.simulator import simulate
     from libra_opt.units import format_bytes, format_seconds, parse_budget
 
+    problem = read_problem(args, "simulate")
+    if problem is None:
+        return 2
     try:
-        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
         plan = Schedule.load(args.plan) if args.plan else no_remat_schedule(problem)
     except OSError as e:
-        print(f"libra-opt simulate: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+        report_unreadable("simulate", e)
         return 2
     reference = simulate(problem)
     result = reference if not args.plan else simulate(problem, plan)

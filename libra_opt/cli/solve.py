@@ -12,17 +12,18 @@ that does).
 """
 from __future__ import annotations
 
+import argparse
+
 from libra_opt.units import budget_from_text
 
-import argparse
-import sys
+from .common import add_problem_arguments, read_problem
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``solve`` subcommand; returns its parser."""
     p = subparsers.add_parser("solve", help="plan a problem within a memory budget (default solver: libra)",
                               description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
-    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    add_problem_arguments(p)
     p.add_argument("--budget", required=True, metavar="B",
                    help="graph-memory budget: bytes, '12GiB', '60%%' or 0.6 of the no-remat peak")
     p.add_argument("--solver", default="libra", metavar="NAME", help="solver name (default libra; see "
@@ -35,8 +36,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="print the top N decisions and why (default N 10)")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan (Schedule JSON)")
     p.add_argument("--plot", metavar="OUT.png", help="memory timeline of the plan and the no-remat plan")
-    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
-                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
     return p
 
 
@@ -61,14 +60,11 @@ def solver_options(args: argparse.Namespace, solver_name: str) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt solve``; returns the exit status (0 plan found, 1 infeasible)."""
-    from libra_opt.importers import load_problem_any
     from libra_opt.solvers import get_solver
     from libra_opt.units import format_bytes, format_seconds
 
-    try:
-        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
-    except OSError as e:
-        print(f"libra-opt solve: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+    problem = read_problem(args, "solve")
+    if problem is None:
         return 2
     solver = get_solver(args.solver, **solver_options(args, args.solver))
     result = solver.solve(problem, budget_from_text(args.budget), raise_on_infeasible=False)

@@ -13,12 +13,16 @@ import argparse
 import csv
 import sys
 
+from libra_opt.units import budget_from_text
+
+from .common import add_problem_arguments, read_problem
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``sweep`` subcommand; returns its parser."""
     p = subparsers.add_parser("sweep", help="plan a problem for many budgets (libra: one descent)",
                               description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
-    p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
+    add_problem_arguments(p)
     p.add_argument("--budgets", required=True, metavar="B,B,...",
                    help="comma-separated budgets: 0.9 (fraction of the no-remat peak), 60%%, bytes, 12GiB")
     p.add_argument("--solver", default="libra", metavar="NAME", help="solver name (default libra)")
@@ -26,19 +30,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="libra only: recompute + swap (default), recompute only, swap only")
     p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit per solve, seconds")
     p.add_argument("--csv", action="store_true", help="print CSV")
-    p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
-                   help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
     return p
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt sweep``; returns the exit status (0, or 2 on a bad argument)."""
-    from libra_opt.importers import load_problem_any
     from libra_opt.simulator import no_remat_peak
     from libra_opt.solvers import get_solver
     from libra_opt.units import format_bytes, format_seconds
-
-    from libra_opt.units import budget_from_text
 
     from .solve import solver_options
 
@@ -46,10 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if not budgets:
         print("libra-opt sweep: error: --budgets is empty; give e.g. 0.9,0.8,0.7", file=sys.stderr)
         return 2
-    try:
-        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
-    except OSError as e:
-        print(f"libra-opt sweep: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)
+    problem = read_problem(args, "sweep")
+    if problem is None:
         return 2
     solver = get_solver(args.solver, **solver_options(args, args.solver))
     results = solver.solve_many(problem, budgets)

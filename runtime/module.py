@@ -116,9 +116,12 @@ class OptimizedModule(nn.Module):
                     len(lowered.saved), len(lowered.recomputed), len(lowered.swapped))
         return lowered.fw, lowered.bw
 
-    def _fw_compiler(self, gm, example_inputs):
+    def _boxed(self, gm, *, forward: bool):
+        """``gm`` as a boxed callable that runs eagerly, under the tracker when
+        one is installed; a forward run marks the module as having run."""
         def run(args):
-            self._ran = True
+            if forward:
+                self._ran = True
             if self._tracker is not None:
                 with self._tracker:
                     return gm(args)
@@ -126,16 +129,12 @@ class OptimizedModule(nn.Module):
 
         run._boxed_call = True
         return run
+
+    def _fw_compiler(self, gm, example_inputs):
+        return self._boxed(gm, forward=True)
 
     def _bw_compiler(self, gm, example_inputs):
-        def run(args):
-            if self._tracker is not None:
-                with self._tracker:
-                    return gm(args)
-            return gm(args)
-
-        run._boxed_call = True
-        return run
+        return self._boxed(gm, forward=False)
 
     @contextlib.contextmanager
     def tracking(self, tracker):

@@ -155,6 +155,21 @@ class SwapManager:
             self.stream.synchronize()
         self._inflight.clear()
 
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor):
+        """Copy ``src`` into ``dst``: on CUDA asynchronously on the transfer
+        stream, after the work already queued on the compute stream, returning
+        the event that marks the copy's end; elsewhere synchronously, returning
+        ``None``."""
+        if not self.cuda:
+            dst.copy_(src)
+            return None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src, non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        return ev
+
     # ------------------------------------------------------------ steps
     def offload(self, t: torch.Tensor) -> torch.Tensor:
         """Copy the storage of ``t`` to a host buffer; returns the buffer
@@ -164,17 +179,10 @@ class SwapManager:
             src = _bytes_of(t)
             n = src.numel()
             host = self.pool.acquire(n)
-            if self.cuda:
-                compute = torch.cuda.current_stream(self.device)
-                self.stream.wait_stream(compute)
-                with torch.cuda.stream(self.stream):
-                    host.copy_(src, non_blocking=True)
-                    ev = torch.cuda.Event()
-                    ev.record(self.stream)
+            ev = self._copy(host, src)
+            if ev is not None:
                 self._inflight.append((ev, t))
                 self.poll()
-            else:
-                host.copy_(src)
         self.d2h_bytes += n
         return host
 
@@ -191,16 +199,7 @@ class SwapManager:
         n = host.numel()
         dev_bytes = torch.empty(n, dtype=torch.uint8, device=self.device)   # counted by trackers
         with untracked():
-            if self.cuda:
-                compute = torch.cuda.current_stream(self.device)
-                self.stream.wait_stream(compute)
-                with torch.cuda.stream(self.stream):
-                    dev_bytes.copy_(host, non_blocking=True)
-                    ev = torch.cuda.Event()
-                    ev.record(self.stream)
-            else:
-                dev_bytes.copy_(host)
-                ev = None
+            ev = self._copy(dev_bytes, host)
             out = torch.empty(0, dtype=dtype, device=self.device).set_(
                 dev_bytes.untyped_storage(), int(offset), tuple(size), tuple(stride))
             if ev is not None:

@@ -85,8 +85,10 @@ class Solver:
         raise NotImplementedError
 
     def _finish(self, problem: RematProblem, budget_bytes: int, raw: RawSolution, solve_s: float) -> SolveResult:
+        sim = raw.simulation
         try:
-            sim = simulate(problem, raw.schedule, budget=budget_bytes)
+            if sim is None or sim.peak_bytes > budget_bytes:
+                sim = simulate(problem, raw.schedule, budget=budget_bytes)
         except ScheduleError as e:
             raise SolverError(f"solver {self.name!r} produced a plan the simulator rejects: {e}. "
                               f"This is a bug in the solver; please report it") from e

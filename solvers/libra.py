@@ -194,22 +194,6 @@ class LibraSolver(Solver):
         raise InfeasibleBudgetError(budget, min(ref.min_feasible_bytes() for ref in refs), self.name,
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}")
 
-    def _finish(self, problem: RematProblem, budget_bytes: int, raw: RawSolution, solve_s: float) -> SolveResult:
-        """As :meth:`Solver._finish`, without simulating the plan a second time:
-        :meth:`_Refiner.realize` already simulated exactly this schedule and
-        checked its peak against the budget (the simulation travels in
-        ``raw.extras["_simulation"]``)."""
-        sim = raw.extras.pop("_simulation", None)
-        if sim is None or sim.peak_bytes > budget_bytes:
-            return super()._finish(problem, budget_bytes, raw, solve_s)
-        meta = dict(raw.schedule.meta)
-        meta.setdefault("solver", self.name)
-        meta["budget_bytes"] = int(budget_bytes)
-        raw.schedule.meta = meta
-        return SolveResult(status=raw.status, schedule=raw.schedule, solver=self.name, budget_bytes=budget_bytes,
-                           peak_bytes=sim.peak_bytes, time_s=sim.time_s, added_s=sim.added_s, solve_s=solve_s,
-                           message=raw.message, simulation=sim, extras=dict(raw.extras))
-
     def _raw(self, plan: _Plan, descent: str) -> RawSolution:
         decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
         est_peak = plan.timeline.peak()[0]
@@ -222,8 +206,7 @@ class LibraSolver(Solver):
         status = TIME_LIMIT if plan.snapshot.cut_short and self.options.time_limit_s is not None else FEASIBLE
         msg = (f"{len(decisions)} evictions after {plan.snapshot.step} refinement steps "
                f"({plan.undone} undone, {plan.repairs} repairs)")
-        extras["_simulation"] = plan.simulation
-        return RawSolution(schedule=sched, status=status, message=msg, extras=extras)
+        return RawSolution(schedule=sched, status=status, message=msg, extras=extras, simulation=plan.simulation)
 
     def solve_many(self, problem: RematProblem, budgets: Sequence, *, raise_on_infeasible: bool = False
                    ) -> list[SolveResult]:

@@ -72,10 +72,15 @@ class SolveResult:
 @dataclass(frozen=True)
 class RawSolution:
     """What a solver's ``_solve`` hands back to :meth:`Solver.solve` before
-    validation: a schedule, a status, and optional bound and extras."""
+    validation: a schedule, a status, and optional bound and extras.
+
+    ``simulation`` may carry a simulation of exactly ``schedule`` that the
+    solver already ran; the base class then checks its peak against the
+    budget instead of simulating the plan a second time."""
 
     schedule: "Schedule"
     status: str = FEASIBLE
     lower_bound_s: float | None = None
     message: str = ""
     extras: dict = field(default_factory=dict)
+    simulation: "SimulationResult | None" = field(default=None, repr=False)

@@ -155,11 +155,32 @@ class _Lowerer:
             c["freeable"] = [t.kind == ACTIVATION and t.id not in self.outputs for t in p.tensors]
             c["is_act"] = [t.kind == ACTIVATION for t in p.tensors]
             c["storage"] = [t.storage for t in p.tensors]
+            # immutable instructions shared by every schedule of this problem
+            c["compute_instr"] = [Instr(Op.COMPUTE, i) for i in range(p.num_nodes)]
+            c["free_instr"] = [Instr(Op.FREE, t) for t in range(len(p.tensors))]
+            # per node: the inputs and outputs it may free (sorted), and those freed at their last use
+            freeable, last = c["freeable"], c["last"]
+            cands, static = [], []
+            for i, n in enumerate(p.nodes):
+                ts = sorted({t for t in (*n.inputs, *n.outputs) if freeable[t]})
+                cands.append(ts)
+                static.append([t for t in ts if last[t] <= i])
+            c["free_cands"], c["free_static"] = cands, static
+            st_nodes: dict[int, list[int]] = {}   # storage -> nodes with a free candidate on it
+            for i, ts in enumerate(cands):
+                for s in {c["storage"][t] for t in ts}:
+                    st_nodes.setdefault(s, []).append(i)
+            c["storage_nodes"] = st_nodes
         self.cons = c["cons"]
         self._last = c["last"]
         self._freeable = c["freeable"]
         self._is_act = c["is_act"]
         self._storage = c["storage"]
+        self._compute_instr = c["compute_instr"]
+        self._free_instr = c["free_instr"]
+        self._free_cands = c["free_cands"]
+        self._free_static = c["free_static"]
+        self._storage_nodes = c["storage_nodes"]
         self.prefetch = prefetch
         self.windows: dict[int, list[Eviction]] = {}
         uses = _uses(p)
@@ -267,7 +288,11 @@ class _Lowerer:
         swap_out_at, evict_at, prefetch_at = self.swap_out_at, self.evict_at, self.prefetch_at
         views = self.p.storage_views
         append = out.append
-        COMPUTE, FREE, SWAP_OUT, SWAP_IN = Op.COMPUTE, Op.FREE, Op.SWAP_OUT, Op.SWAP_IN
+        SWAP_OUT, SWAP_IN = Op.SWAP_OUT, Op.SWAP_IN
+        compute_instr, free_instr = self._compute_instr, self._free_instr
+        free_cands, free_static = self._free_cands, self._free_static
+        # nodes whose inputs or outputs lie on a storage with an eviction window
+        dynamic = {i for s in off for i in self._storage_nodes.get(s, ())}
         for i, node in enumerate(self.nodes):
             ins = node.inputs
             for t in ins:
@@ -275,24 +300,30 @@ class _Lowerer:
                     touched = self._regenerate(i, ins)
                     break
             else:
-                touched = set()
-            append(Instr(COMPUTE, i))
+                touched = None
+            append(compute_instr[i])
             outs = node.outputs
             live.update(outs)
-            touched.update(ins)
-            touched.update(outs)
             if i in swap_out_at:
                 for s in swap_out_at[i]:
                     if s not in host:
                         append(Instr(SWAP_OUT, int(s)))
                         host.add(s)
-            if i in evict_at:
-                for s in evict_at[i]:
-                    touched.update(t for t in views[s] if t in live)
-            for t in sorted(touched):
-                if freeable[t] and t in live and (last[t] <= i or (storage[t] in off and is_off(storage[t], i))):
-                    append(Instr(FREE, t))
-                    live.discard(t)
+            if touched is None and i not in evict_at and i not in dynamic:
+                # the common case: free what this node used for the last time
+                for t in free_static[i]:
+                    if t in live:
+                        append(free_instr[t])
+                        live.discard(t)
+            else:
+                touched = set(free_cands[i]) if touched is None else touched.union(free_cands[i])
+                if i in evict_at:
+                    for s in evict_at[i]:
+                        touched.update(t for t in views[s] if t in live)
+                for t in sorted(touched):
+                    if freeable[t] and t in live and (last[t] <= i or (storage[t] in off and is_off(storage[t], i))):
+                        append(free_instr[t])
+                        live.discard(t)
             if i in prefetch_at:
                 for s in prefetch_at[i]:
                     if s not in live and s not in arriving:

@@ -195,12 +195,44 @@ class Timeline(ChainReplay, SwapPlanner):
         resident from ``q`` on instead of being recomputed again later)."""
         if self.pol[j] != KEEP:
             raise ValueError("set_before needs a kept window; undo the decision first")
+        self._set_end(j, q, regenerated)
+
+    def _set_end(self, j: int, q: int, regenerated: list[int]) -> None:
         s, a = int(self.w_s[j]), int(self.w_a[j])
         hi = self._window_hi(s, a, q, regenerated)
         self.w_b[j] = q
         self.w_hi[j] = hi
         self.w_pts[j] = tuple(sorted(set(hi.values())))
         self.w_maxhi[j] = max(hi.values()) if hi else q
+
+    def window_state(self, j: int) -> tuple:
+        """The end of window ``j`` (for :meth:`move_end` back to it)."""
+        return int(self.w_b[j]), self.w_hi[j], self.w_pts[j], int(self.w_maxhi[j])
+
+    def move_end(self, j: int, q: int | None = None, regenerated: list[int] = (), state: tuple | None = None
+                 ) -> None:
+        """Move the end of recomputed window ``j`` to position ``q`` (as
+        :meth:`set_before`), or back to a ``state`` from :meth:`window_state`,
+        and update the timeline: the same result as undoing the decision,
+        moving the end and recomputing again, in one pass over the chains."""
+        if self.pol[j] != REC:
+            raise ValueError("move_end needs a recomputed window")
+        a, nbytes = int(self.w_a[j]), int(self.w_bytes[j])
+        pts = self._affected(j)
+        b = int(self.w_b[j])
+        self.R_rec[a + 1:b] -= nbytes
+        self.C[a + 1:b] += nbytes
+        if state is None:
+            self._set_end(j, q, regenerated)
+        else:
+            self.w_b[j], self.w_hi[j], self.w_pts[j], self.w_maxhi[j] = state
+        b = int(self.w_b[j])
+        self.R_rec[a + 1:b] += nbytes
+        self.C[a + 1:b] -= nbytes
+        pts |= self._affected(j)
+        for x in sorted(pts):
+            self._set_chain(x, self.chain_at(x))
+        self.version += 1
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:

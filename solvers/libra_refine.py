@@ -247,7 +247,10 @@ class _Refiner:
             todo.append((self.cost[j, _O_REC], _O_REC, REC, 0))
         if self.allow_swap and REC not in others:
             if cur != SWAP and p <= self.hid_hi[j]:
-                todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
+                # a swap whose copy out cannot end before p does not lower p (and more copies only
+                # delay the others): evaluate it only where it may release the storage by p
+                if tl is not self.tl or max(int(self.hid_lo[j]), int(self._release_bound(tl, [j])[0])) <= p:
+                    todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
             elif (tl.pos.get(j, -1) if cur == SWAP else self.hid_hi[j]) < p < b:
                 todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
         opts: list[tuple[int, int, object]] = []
@@ -441,17 +444,13 @@ class _Refiner:
                 continue
             made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
             cost = tl.added_s()
-            old = (int(tl.w_b[j]), tl.w_hi[j], tl.w_pts[j], int(tl.w_maxhi[j]))
-            tl.apply(j, KEEP, refresh=False)
-            tl.set_before(j, q, made)
-            tl.apply(j, REC, refresh=False)
+            old = tl.window_state(j)
+            tl.move_end(j, q, made)
             if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
                 records[j] = dataclasses.replace(records[j], before=q)
                 done += 1
                 continue
-            tl.apply(j, KEEP, refresh=False)   # no gain or over budget: back to the window it had
-            tl.w_b[j], tl.w_hi[j], tl.w_pts[j], tl.w_maxhi[j] = old
-            tl.apply(j, REC, refresh=False)
+            tl.move_end(j, state=old)   # no gain or over budget: back to the window it had
         if done and tl.swap.ids.size:
             tl.refresh_swaps()
         return done

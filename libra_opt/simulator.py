@@ -103,10 +103,9 @@ class Simulator(ScheduleInterpreter):
         super().__init__(problem)
         self.budget = budget_bytes
         p = problem
-        self._nbytes = [t.nbytes for t in p.tensors]
-        self._storage = [t.storage for t in p.tensors]
-        self._is_input = [t.kind == INPUT for t in p.tensors]
+        self._nbytes, self._storage, self._is_input, self._node_facts = _facts(p)
         self._overlap = p.device.copies_overlap_compute
+        self._outputs = p.output_set
         self._h2d = float(p.device.h2d_bytes_per_s)
         self._d2h = float(p.device.d2h_bytes_per_s)
 
@@ -184,33 +183,36 @@ class Simulator(ScheduleInterpreter):
     def compute(self, nid: int) -> None:
         if self.pending and self.pending[0][0] <= self.t:
             self._release_done()
-        node = self.problem.nodes[nid]
+        inputs, outputs, recomputable, time_s, transient = self._node_facts[nid]
         resident, is_input = self.resident, self._is_input
-        for tid in node.inputs:
+        for tid in inputs:
             if not (is_input[tid] or tid in resident):
-                self._check_usable(tid, f"node {node.name!r}")
-        if nid in self.computed:
-            if not node.recomputable:
+                self._check_usable(tid, f"node {self.problem.nodes[nid].name!r}")
+        computed = self.computed
+        if nid in computed:
+            if not recomputable:
+                node = self.problem.nodes[nid]
                 self.fail(f"node {node.name!r} ({node.target}) is not recomputable (random or mutating op) "
                           f"but is computed again: keep or swap its outputs instead")
-            self.recompute_s += node.time_s
-        self.computed.add(nid)
+            self.recompute_s += time_s
+        else:
+            computed.add(nid)
         start = self.t if self._overlap else max(self.t, self.d2h_free, self.h2d_free)
-        transient = node.workspace_bytes
         storage, nbytes, refs, allocated, produced = self._storage, self._nbytes, self.refs, self.allocated, self.produced
-        for tid in node.outputs:
+        for tid in outputs:
             s = storage[tid]
             if tid in resident:
                 transient += nbytes[tid]
                 continue
             if tid in self.arriving:
-                self.fail(f"node {node.name!r} recomputes {self._name(tid)} while its swap-in is in flight")
+                self.fail(f"node {self.problem.nodes[nid].name!r} recomputes {self._name(tid)} while its "
+                          f"swap-in is in flight")
             resident.add(tid)
             produced.add(tid)
             refs[s] = refs.get(s, 0) + 1
             if s not in allocated:
                 if s != tid:
-                    self.fail(f"node {node.name!r} makes view {self._name(tid)} of storage "
+                    self.fail(f"node {self.problem.nodes[nid].name!r} makes view {self._name(tid)} of storage "
                               f"{self._name(s)} which is not resident")
                 allocated.add(s)
                 self.mem += nbytes[s]
@@ -219,22 +221,23 @@ class Simulator(ScheduleInterpreter):
             self._note(mem)
         self.tl_t.append(start)
         self.tl_b.append(mem)
-        self.t = start + node.time_s
-        self.compute_s += node.time_s
+        self.t = start + time_s
+        self.compute_s += time_s
 
     def free(self, tid: int) -> None:
         if self.pending and self.pending[0][0] <= self.t:
             self._release_done()
-        if tid in self.problem.output_set:
+        if tid in self._outputs:
             self.fail(f"frees {self._name(tid)}, an output of the step (loss, model output or gradient), "
                       f"which must stay resident to the end")
         if self._is_input[tid]:
             self.fail(f"frees graph input {self._name(tid)}; inputs and parameters are fixed memory")
-        if tid not in self.resident:
+        resident = self.resident
+        if tid not in resident:
             if tid in self.arriving:
                 self.fail(f"frees {self._name(tid)} before Wait on its swap-in")
             self.fail(f"frees {self._name(tid)}, which is not resident (never computed or already freed)")
-        self.resident.discard(tid)
+        resident.discard(tid)
         self._drop(tid)
         self.tl_t.append(self.t)
         self.tl_b.append(self.mem)
@@ -366,3 +369,17 @@ def no_remat_peak(problem: RematProblem) -> int:
 
 
 _NO_REMAT_PEAK: "weakref.WeakKeyDictionary[RematProblem, int]" = weakref.WeakKeyDictionary()
+_FACTS: "weakref.WeakKeyDictionary[RematProblem, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _facts(p: RematProblem) -> tuple:
+    """Per-problem lists the simulator reads on every instruction (built once;
+    a RematProblem is not changed after it is built): tensor bytes, storage,
+    is-input, and per node ``(inputs, outputs, recomputable, time_s,
+    workspace_bytes)``."""
+    f = _FACTS.get(p)
+    if f is None:
+        f = _FACTS[p] = ([t.nbytes for t in p.tensors], [t.storage for t in p.tensors],
+                         [t.kind == INPUT for t in p.tensors],
+                         [(n.inputs, n.outputs, n.recomputable, n.time_s, n.workspace_bytes) for n in p.nodes])
+    return f

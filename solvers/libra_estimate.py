@@ -148,6 +148,7 @@ class Timeline(ChainReplay, SwapPlanner):
         # --- windows
         self.w_s = np.array([w[0] for w in windows], dtype=np.int64)
         self.w_a = np.array([w[1] for w in windows], dtype=np.int64)
+        self.w_a_l = [int(w[1]) for w in windows]   # list mirror for scalar reads in the hot loops
         self.w_b = np.array([w[2] for w in windows], dtype=np.int64)
         self.w_bytes = np.array([T[w[0]].nbytes for w in windows], dtype=np.int64)
         self.w_prod = np.array([T[w[0]].producer for w in windows], dtype=np.int64)
@@ -238,6 +239,7 @@ class Timeline(ChainReplay, SwapPlanner):
     def reset(self) -> None:
         """Back to the no-remat plan."""
         self.pol = np.zeros(self.nw, dtype=np.int8)
+        self.pol_l = [KEEP] * self.nw      # list mirror of pol for scalar reads in the hot loops
         self.floor = np.zeros(self.nw, dtype=np.int64)
         self.s_win: dict[int, list[int]] = {}
         self.R_rec = np.zeros(self.N, dtype=np.int64)
@@ -264,6 +266,7 @@ class Timeline(ChainReplay, SwapPlanner):
         new = object.__new__(Timeline)
         new.__dict__.update(self.__dict__)
         new.pol = self.pol.copy()
+        new.pol_l = list(self.pol_l)
         new.w_b = self.w_b.copy()
         new.w_hi = list(self.w_hi)
         new.w_pts = list(self.w_pts)
@@ -328,7 +331,7 @@ class Timeline(ChainReplay, SwapPlanner):
         h = self._hyp
         if h is not None and h[0] == j:
             return h[1]
-        return int(self.pol[j])
+        return self.pol_l[j]
 
     def _wins(self, s: int):
         ws = self.s_win.get(s, ())
@@ -354,11 +357,12 @@ class Timeline(ChainReplay, SwapPlanner):
         h = self._hyp
         if h is not None and h[2] == s and h[0] not in ws:
             ws = (*ws, h[0])
+        pol_l, w_a, w_hi = self.pol_l, self.w_a_l, self.w_hi
         for j in ws:
-            pol = self._pol(j)
+            pol = h[1] if h is not None and h[0] == j else pol_l[j]
             if pol == KEEP:
                 continue
-            if self.w_a[j] < q <= self.w_hi[j].get(t, -1):
+            if w_a[j] < q <= w_hi[j].get(t, -1):
                 if pol == SWAP and t == s and q > self._prefetch_pos(j):
                     return _ARRIVING
                 return _MISSING
@@ -368,14 +372,24 @@ class Timeline(ChainReplay, SwapPlanner):
         """The lowering's ``_is_off``: storage ``s`` meant to be off at the end of ``q``."""
         for j in self._wins(s):
             pol = self._pol(j)
-            if pol == REC and self.w_a[j] <= q <= self.w_b[j] - 1:
+            if pol == REC and self.w_a_l[j] <= q <= self.w_b[j] - 1:
                 return True
-            if pol == SWAP and self.w_a[j] <= q <= self._prefetch_pos(j) - 1:
+            if pol == SWAP and self.w_a_l[j] <= q <= self._prefetch_pos(j) - 1:
                 return True
         return False
 
     def _has_swap(self, s: int) -> bool:
-        return any(self._pol(j) == SWAP for j in self._wins(s))
+        """Some window of storage ``s`` is swapped (under the hypothesis, if any)."""
+        ws = self.s_win.get(s)
+        h = self._hyp
+        pol_l = self.pol_l
+        if h is not None and h[2] == s:
+            return h[1] == SWAP or any(pol_l[j] == SWAP for j in ws or () if j != h[0])
+        if ws:
+            for j in ws:
+                if pol_l[j] == SWAP:
+                    return True
+        return False
 
     # ------------------------------------------------------------- evaluation
     def _affected(self, j: int) -> set[int]:
@@ -492,6 +506,7 @@ class Timeline(ChainReplay, SwapPlanner):
             self.R_rec[a + 1:b] += nbytes
             self.C[a + 1:b] -= nbytes
         self.pol[j] = policy
+        self.pol_l[j] = policy
         self.floor[j] = eff.floor
         ws = self.s_win.setdefault(s, [])
         if policy == KEEP:

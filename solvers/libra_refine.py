@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -81,11 +82,7 @@ class _Refiner:
         mode = opts.windows
         if mode == "auto":
             mode = "default" if problem.boundary < problem.num_nodes else "all"
-        if mode == "default":
-            wins = sorted((s, a, b) for s, (a, b) in default_windows(problem).items())
-        else:
-            wins = sorted(all_windows(problem))
-        self.tl = tl = Timeline(problem, wins, opts.swap_overlap_margin)
+        self.tl = tl = _fresh_timeline(problem, mode, opts.swap_overlap_margin)
         self.allow_rec = opts.policy != "swap"
         self.allow_swap = opts.policy != "recompute"
         self.lo = tl.w_a + 1
@@ -104,6 +101,7 @@ class _Refiner:
             self.cost[:, _O_HID] = self.cost[:, _O_LATE] = np.inf
         self.hid_lo = self.lo.copy()
         self.hid_hi = self.hi.copy()
+        self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
         self.bat = np.full((tl.nw, 3), -1, dtype=np.int64)
         self.bmem = np.zeros((tl.nw, 3), dtype=np.int64)
         self.eval_step = np.full(tl.nw, -1, dtype=np.int64)
@@ -183,6 +181,7 @@ class _Refiner:
         bat = self.bat[idx]
         c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
         lo, hi = np.maximum(self.hid_lo[idx], self._release_bound(tl, idx)), self.hid_hi[idx]
+        self.rel_lo[idx] = lo   # read by _evaluate during this selection
         c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
         c[~((p > hi) & (p >= lo)), _O_LATE] = np.inf
         best = c.min(axis=1)
@@ -249,10 +248,15 @@ class _Refiner:
             if cur != SWAP and p <= self.hid_hi[j]:
                 # a swap whose copy out cannot end before p does not lower p (and more copies only
                 # delay the others): evaluate it only where it may release the storage by p
-                if tl is not self.tl or max(int(self.hid_lo[j]), int(self._release_bound(tl, [j])[0])) <= p:
+                if tl is not self.tl or self.rel_lo[j] <= p:
                     todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
             elif (tl.pos.get(j, -1) if cur == SWAP else self.hid_hi[j]) < p < b:
                 todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+        if tl is self.tl and limit is not None and todo:
+            # as in _select: an option known to raise a point to the peak stays out while it still would
+            mem = tl.memory()
+            bat = self.bat[j]
+            todo = [x for x in todo if bat[x[1]] < 0 or int(mem[bat[x[1]]]) + int(self.bmem[j, x[1]]) < peak]
         opts: list[tuple[int, int, object]] = []
         ok = []
         mem = None
@@ -459,7 +463,8 @@ class _Refiner:
                 repair: bool = True) -> _Plan | None:
         """Lower, simulate and, while the simulated peak is over ``budget``,
         repair against the simulated timeline; ``None`` if that fails."""
-        tl, records, undone = prepared[0].copy(), dict(prepared[1]), prepared[2]
+        tl, records, undone = prepared[0], dict(prepared[1]), prepared[2]
+        copied = False   # the prepared timeline is copied only if a repair changes it
         for repairs in range(self.opts.max_repair_steps + 1 if repair else 1):
             sched = lower(self.problem, tl.evictions())
             sim = simulate(self.problem, sched)
@@ -473,6 +478,8 @@ class _Refiner:
                 break
             log.debug("libra: simulated peak %d over budget %d at position %d: repairing", sim.peak_bytes,
                       budget, q)
+            if not copied:
+                tl, copied = tl.copy(), True
             self._commit(mv, q, int(sim.peak_bytes), tl, records, REASON_REPAIR)
         return None
 
@@ -498,6 +505,24 @@ class _Refiner:
             snap = self.final()
             self._final_peak = simulate(self.problem, lower(self.problem, snap.timeline.evictions())).peak_bytes
         return self._final_peak
+
+
+# pristine timelines per problem, window mode and margin: the descents of one solve (and of later
+# solves of the same problem) start from copies, sharing the static arrays
+_TIMELINES: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
+
+
+def _fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
+    """A no-remat :class:`Timeline` over the ``mode`` windows (``"default"`` or ``"all"``)."""
+    per = _TIMELINES.setdefault(problem, {})
+    key = (mode, float(margin))
+    if key not in per:
+        if mode == "default":
+            wins = sorted((s, a, b) for s, (a, b) in default_windows(problem).items())
+        else:
+            wins = sorted(all_windows(problem))
+        per[key] = Timeline(problem, wins, margin)
+    return per[key].copy()
 
 
 def _position(problem: RematProblem, sched, index: int) -> int:

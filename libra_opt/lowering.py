@@ -20,6 +20,10 @@ The rules (shared by the ``libra`` solver and the baselines):
   it right before use, an ``int`` k issues it k nodes ahead.
 - A storage with a host copy is swapped back in (never recomputed) when its
   producer is not recomputable.
+- A :class:`Retain` keeps a tensor resident after its last use, through a
+  later position, so that the recomputation chains running before that
+  position read it instead of regenerating it (and everything it needs)
+  again: Checkmate's S matrix holding a value across stages.
 
 Sources: Checkmate's plan generation (Jain et al., MLSys 2020, sec. 4.5) for
 recomputation with freeing, and Libra (Wang, NTHU 2024) for the hybrid
@@ -61,6 +65,17 @@ class Eviction:
     before: int
     policy: Policy
     prefetch_after: int | None = None
+
+
+@dataclass(frozen=True)
+class Retain:
+    """Keep tensor ``tensor`` resident after its last use, through position
+    ``until`` (it is freed after node ``until`` runs), for the recomputation
+    chains that run before nodes up to ``until``.  Costs ``nbytes`` of its
+    storage over the extra positions; saves regenerating it there."""
+
+    tensor: int
+    until: int
 
 
 # per-problem facts the lowering reads on every call (a RematProblem is not changed after it is built)
@@ -176,6 +191,7 @@ class _Lowerer:
         self._freeable = c["freeable"]
         self._is_act = c["is_act"]
         self._storage = c["storage"]
+        self._last_eff = self._last   # the last use, or the end of a retention (set in run)
         self._compute_instr = c["compute_instr"]
         self._free_instr = c["free_instr"]
         self._free_cands = c["free_cands"]
@@ -183,8 +199,12 @@ class _Lowerer:
         self._storage_nodes = c["storage_nodes"]
         self.prefetch = prefetch
         self.windows: dict[int, list[Eviction]] = {}
+        self.until: dict[int, int] = {}    # retained tensor -> last position it stays resident
         uses = _uses(p)
         for ev in evictions:
+            if isinstance(ev, Retain):
+                self._add_retain(ev)
+                continue
             if ev.policy == Policy.KEEP:
                 continue
             s = ev.storage
@@ -203,6 +223,12 @@ class _Lowerer:
                 raise ScheduleError(f"eviction of {self._n(s)} after position {ev.after}, before it is produced "
                                     f"(position {u[0]})")
             self.windows.setdefault(s, []).append(ev)
+        for t, u in self.until.items():
+            for ev in self.windows.get(self._storage[t], ()):
+                if ev.after < u and ev.before > self._last[t]:
+                    raise ScheduleError(f"retention of {self._n(t)} through position {u} overlaps the eviction "
+                                        f"window ({ev.after}, {ev.before}) of its storage: a storage is either "
+                                        f"evicted or retained there")
         for s, ws in self.windows.items():
             ws.sort(key=lambda e: e.after)
             for a, b in zip(ws, ws[1:]):
@@ -218,6 +244,16 @@ class _Lowerer:
 
     def _n(self, tid: int) -> str:
         return repr(self.tensors[tid].name)
+
+    def _add_retain(self, r: Retain) -> None:
+        t = r.tensor
+        if not 0 <= t < len(self.tensors) or not self._freeable[t]:
+            raise ScheduleError(f"cannot retain tensor {t}: only activations that are not step outputs are freed, "
+                                f"so only they can be retained")
+        if not self._last[t] < r.until < self.p.num_nodes:
+            raise ScheduleError(f"retention of {self._n(t)}: need last use ({self._last[t]}) < until < "
+                                f"{self.p.num_nodes}, got until={r.until}")
+        self.until[t] = max(r.until, self.until.get(t, -1))
 
     # ------------------------------------------------------------- prefetch
     def _plan_prefetches(self) -> None:
@@ -272,7 +308,7 @@ class _Lowerer:
     def _should_free(self, t: int, i: int) -> bool:
         if t in self.outputs:
             return False
-        return self._last[t] <= i or self._is_off(self._storage[t], i)
+        return self._last_eff[t] <= i or self._is_off(self._storage[t], i)
 
     # ----------------------------------------------------------------- emit
     def run(self) -> Schedule:
@@ -284,6 +320,12 @@ class _Lowerer:
         live = self.resident
         host, arriving = self.host, self.arriving
         is_act, last, freeable, storage, off = self._is_act, self._last, self._freeable, self._storage, self.off
+        retain_end: dict[int, list[int]] = {}
+        if self.until:
+            last = self._last_eff = list(last)
+            for t, u in self.until.items():
+                last[t] = u
+                retain_end.setdefault(u, []).append(t)
         is_off = self._is_off
         swap_out_at, evict_at, prefetch_at = self.swap_out_at, self.evict_at, self.prefetch_at
         views = self.p.storage_views
@@ -293,6 +335,7 @@ class _Lowerer:
         free_cands, free_static = self._free_cands, self._free_static
         # nodes whose inputs or outputs lie on a storage with an eviction window
         dynamic = {i for s in off for i in self._storage_nodes.get(s, ())}
+        dynamic.update(i for t in self.until for i in self._storage_nodes.get(storage[t], ()))
         for i, node in enumerate(self.nodes):
             ins = node.inputs
             for t in ins:
@@ -309,7 +352,7 @@ class _Lowerer:
                     if s not in host:
                         append(Instr(SWAP_OUT, int(s)))
                         host.add(s)
-            if touched is None and i not in evict_at and i not in dynamic:
+            if touched is None and i not in evict_at and i not in dynamic and i not in retain_end:
                 # the common case: free what this node used for the last time
                 for t in free_static[i]:
                     if t in live:
@@ -320,6 +363,8 @@ class _Lowerer:
                 if i in evict_at:
                     for s in evict_at[i]:
                         touched.update(t for t in views[s] if t in live)
+                if i in retain_end:
+                    touched.update(t for t in retain_end[i] if t in live)
                 for t in sorted(touched):
                     if freeable[t] and t in live and (last[t] <= i or (storage[t] in off and is_off(storage[t], i))):
                         append(free_instr[t])
@@ -417,14 +462,15 @@ class _Lowerer:
         return any(ev.policy == Policy.SWAP for ev in self.windows.get(s, ()))
 
 
-def lower(problem: RematProblem, evictions: Iterable[Eviction], *, prefetch="auto") -> Schedule:
-    """Turn eviction decisions into a schedule.
+def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, prefetch="auto") -> Schedule:
+    """Turn eviction (and retention) decisions into a schedule.
 
     Parameters
     ----------
     problem : RematProblem
-    evictions : iterable of Eviction
+    evictions : iterable of Eviction or Retain
         At most one eviction per storage window; ``KEEP`` entries are ignored.
+        :class:`Retain` entries keep a tensor resident past its last use.
     prefetch : {"auto", "late"} or int
         Where swap-ins are issued (see the module docstring).
 
@@ -432,19 +478,24 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction], *, prefetch="aut
     -------
     Schedule
         ``meta["evictions"]`` records the decisions as ``[storage, after,
-        before, policy]`` lists.
+        before, policy]`` lists, ``meta["retained"]`` the retentions as
+        ``[tensor, until]`` (only when there are any).
 
     Raises
     ------
     ScheduleError
         A window contains a use, windows overlap, a storage holds a step
-        output, or a recomputation chain reaches a non-recomputable node whose
-        output has no host copy.
+        output, a retention does not end after the tensor's last use or names
+        a tensor that is never freed, or a recomputation chain reaches a
+        non-recomputable node whose output has no host copy.
     """
     evictions = list(evictions)
     sched = _Lowerer(problem, evictions, prefetch).run()
     sched.meta["evictions"] = [[e.storage, e.after, e.before, e.policy.value] for e in evictions
-                               if e.policy != Policy.KEEP]
+                               if isinstance(e, Eviction) and e.policy != Policy.KEEP]
+    retained = [[r.tensor, r.until] for r in evictions if isinstance(r, Retain)]
+    if retained:
+        sched.meta["retained"] = retained
     return sched
 
 

@@ -99,6 +99,11 @@ class LibraOptions:
     max_repair_steps : int
         Most decisions added against the simulated timeline when the lowered
         plan's simulated peak is over budget.
+    retain : bool
+        Run the pass that keeps a tensor resident after its last use until a
+        recomputation chain that would otherwise regenerate it
+        (:class:`~libra_opt.lowering.Retain`), where the budget allows and
+        it saves time.  Matters most on single-phase graphs.
     portfolio : bool
         Hybrid mode only: also refine with recomputation only and with
         swapping only, and return the cheapest of the three plans (estimated
@@ -113,6 +118,7 @@ class LibraOptions:
     windows: str = "auto"
     undo: bool = True
     max_repair_steps: int = 32
+    retain: bool = True
     portfolio: bool = True
 
     def __post_init__(self):
@@ -197,7 +203,10 @@ class LibraSolver(Solver):
     def _raw(self, plan: _Plan, descent: str) -> RawSolution:
         decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
         est_peak = plan.timeline.peak()[0]
-        extras = dict(decisions=decisions, estimated_peak_bytes=int(est_peak),
+        tensors = plan.timeline.problem.tensors
+        retained = [dict(tensor=r.tensor, name=tensors[r.tensor].name, until=r.until,
+                         nbytes=int(tensors[tensors[r.tensor].storage].nbytes)) for r in plan.timeline.retentions()]
+        extras = dict(decisions=decisions, retained=retained, estimated_peak_bytes=int(est_peak),
                       estimated_added_s=float(plan.timeline.added_s()), steps=plan.snapshot.step,
                       undone=plan.undone, repairs=plan.repairs, policy=self.options.policy, descent=descent)
         sched = plan.schedule

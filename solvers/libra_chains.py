@@ -126,7 +126,7 @@ class ChainReplay:
         waits = []
         feasible = True
         nb = self.t_nbytes
-        t_out, t_cons, t_act, views = self.t_out, self.t_cons, self.t_act, self.views
+        t_out, t_act, views, last_eff = self.t_out, self.t_act, self.views, self.t_last_eff
         storage_off = self._storage_off
 
         def live(t):
@@ -153,7 +153,7 @@ class ChainReplay:
             nonlocal cur
             for t in cands:
                 if t in made and t in resident and pending.get(t, 0) == 0 and not t_out[t] and (
-                        not any(c > q for c in t_cons[t]) or storage_off(tsto[t], q)):
+                        last_eff[t] <= q or storage_off(tsto[t], q)):
                     resident.discard(t)
                     s = tsto[t]
                     refs[s] -= 1

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libra_opt.lowering import Eviction, Policy
+from libra_opt.lowering import Eviction, Policy, Retain
 from libra_opt.problem import ACTIVATION, RematProblem
 
 from .libra_chains import _ARRIVING, _LIVE, _MISSING, Chain, ChainReplay
@@ -242,6 +242,9 @@ class Timeline(ChainReplay, SwapPlanner):
         self.pol_l = [KEEP] * self.nw      # list mirror of pol for scalar reads in the hot loops
         self.floor = np.zeros(self.nw, dtype=np.int64)
         self.s_win: dict[int, list[int]] = {}
+        self.t_last_eff = list(self.t_last)   # last use, or the end of a retention
+        self.t_until: dict[int, int] = {}      # retained tensor -> position it stays resident through
+        self.s_retained: dict[int, int] = {}   # storage -> how many of its tensors are retained
         self.R_rec = np.zeros(self.N, dtype=np.int64)
         self.C = self.C0.copy()
         self.chains: dict[int, Chain] = {}
@@ -273,6 +276,9 @@ class Timeline(ChainReplay, SwapPlanner):
         new.w_maxhi = self.w_maxhi.copy()
         new.floor = self.floor.copy()
         new.s_win = {s: list(v) for s, v in self.s_win.items()}
+        new.t_last_eff = list(self.t_last_eff) if self.t_until else self.t_last_eff
+        new.t_until = dict(self.t_until)
+        new.s_retained = dict(self.s_retained)
         new.R_rec = self.R_rec.copy()
         new.C = self.C.copy()
         new.chains = dict(self.chains)
@@ -318,6 +324,64 @@ class Timeline(ChainReplay, SwapPlanner):
         out.sort(key=lambda e: (e.storage, e.after))
         return out
 
+    def retentions(self) -> list[Retain]:
+        """The active retentions as :class:`~libra_opt.lowering.Retain`, by tensor."""
+        return [Retain(t, u) for t, u in sorted(self.t_until.items())]
+
+    def plan(self) -> list:
+        """Everything :func:`~libra_opt.lowering.lower` needs: :meth:`evictions`
+        then :meth:`retentions`."""
+        return [*self.evictions(), *self.retentions()]
+
+    def _storage_end(self, s: int) -> int:
+        """Last position storage ``s`` is resident without evictions (retentions included)."""
+        ts = self.views[s]
+        if any(self.t_out[t] for t in ts):
+            return self.N - 1
+        return max(self.t_last_eff[t] for t in ts)
+
+    def retain(self, t: int, until: int | None) -> None:
+        """Keep tensor ``t`` resident after its last use through position
+        ``until`` (``None``: back to its last use), and update the timeline:
+        memory over the extra positions, and the chains there that read or
+        regenerate its storage (they now find it resident).
+
+        Raises
+        ------
+        ValueError
+            ``until`` is not after the tensor's last use.
+        """
+        if until is not None and until <= self.t_last[t]:
+            raise ValueError(f"retain: until ({until}) must come after the last use ({self.t_last[t]})")
+        if until is not None and self.s_win.get(self.t_storage[t]):
+            raise ValueError("retain: the tensor's storage has an eviction decision; a storage is either "
+                             "evicted or retained")
+        if not self.t_until:   # copy-on-write: copies of the timeline share the list until then
+            self.t_last_eff = list(self.t_last_eff)
+        s = self.t_storage[t]
+        nbytes = int(self.t_nbytes[s])
+        old_end, old = self._storage_end(s), self.t_last_eff[t]
+        if until is None:
+            if self.t_until.pop(t, None) is not None:
+                self.s_retained[s] -= 1
+                if not self.s_retained[s]:
+                    del self.s_retained[s]
+            self.t_last_eff[t] = self.t_last[t]
+        else:
+            if t not in self.t_until:
+                self.s_retained[s] = self.s_retained.get(s, 0) + 1
+            self.t_until[t] = until
+            self.t_last_eff[t] = until
+        new_end = self._storage_end(s)
+        if new_end > old_end:
+            self.C[old_end + 1:new_end + 1] += nbytes
+        elif new_end < old_end:
+            self.C[new_end + 1:old_end + 1] -= nbytes
+        lo, hi = min(old, self.t_last_eff[t]), max(old, self.t_last_eff[t])
+        for q in sorted(q for q in self.touch.get(s, ()) if lo < q <= hi):
+            self._set_chain(q, self.chain_at(q))
+        self.version += 1
+
     def start_times(self, regen_time: np.ndarray | None = None) -> np.ndarray:
         """Start time of each node, shape ``(N,)`` (s), chains included."""
         if regen_time is None or regen_time is self.regen_time:
@@ -350,7 +414,7 @@ class Timeline(ChainReplay, SwapPlanner):
         """State of tensor ``t`` just before position ``q``'s chain."""
         if not self.t_act[t]:
             return _LIVE
-        if not self.t_out[t] and self.t_last[t] < q:
+        if not self.t_out[t] and self.t_last_eff[t] < q:
             return _MISSING
         s = self.t_storage[t]
         ws = self.s_win.get(s, ())

@@ -235,6 +235,8 @@ class _Refiner:
         after ``p`` (it then covers ``p``, at the price of a stall).  An
         evicted window may switch policy or delay its swap-in."""
         s = int(tl.w_s[j])
+        if s in tl.s_retained:   # a storage is either evicted or retained
+            return None
         cur = int(tl.pol[j])
         others = [int(tl.pol[k]) for k in tl.s_win.get(s, ()) if k != j]
         m_p = int(tl.memory()[p]) if limit is None else peak
@@ -407,8 +409,51 @@ class _Refiner:
                     undone += 1
                     mem = tl.memory()
             self._keep_regenerated(tl, records, budget)
+        if self.opts.retain and self.allow_rec:
+            self._retain_inputs(tl, budget)
         self._fix_shrunk(tl, records)
         return tl, records, undone
+
+    def _retain_inputs(self, tl: Timeline, budget: int) -> int:
+        """Where a recomputation chain regenerates a tensor that was freed after
+        its last use (not evicted: on a single-phase graph, the inputs of an
+        evicted tensor's producer), keep that tensor resident until the chain
+        instead, when the budget allows and it saves time: Checkmate's S
+        matrix holding a value across stages, which cuts the chain short.
+        Most saving first (the producer's time); each is checked on the
+        timeline and taken back if it goes over budget or saves nothing.
+        Returns how many were kept."""
+        cands = []
+        for q, ch in tl.chains.items():
+            if ch is None:
+                continue
+            for t in ch.made:
+                if tl.t_act[t] and not tl.t_out[t] and tl.t_last_eff[t] < q and not tl.s_win.get(tl.t_storage[t]):
+                    cands.append((-tl.n_time[tl.t_prod[t]], q, t))
+        if not cands:
+            return 0
+        cands.sort()
+        done = 0
+        mem = tl.memory()
+        for _, q, t in cands:
+            ch = tl.chains.get(q)
+            if ch is None or t not in ch.made or tl.t_last_eff[t] >= q:
+                continue   # an earlier retention changed this chain
+            s = tl.t_storage[t]
+            end = tl._storage_end(s)
+            if end + 1 < q and int(mem[end + 1:q].max()) + int(tl.t_nbytes[s]) > budget:
+                continue
+            cost, old = tl.added_s(), tl.t_until.get(t)
+            tl.retain(t, q)
+            mem = tl.memory()
+            if int(mem.max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
+                done += 1
+                continue
+            tl.retain(t, old)   # over budget or no gain: as it was
+            mem = tl.memory()
+        if done and tl.swap.ids.size:
+            tl.refresh_swaps()
+        return done
 
     def _fix_shrunk(self, tl: Timeline, records: dict) -> None:
         """A window that ends where a chain regenerates its storage keeps that
@@ -466,7 +511,7 @@ class _Refiner:
         tl, records, undone = prepared[0], dict(prepared[1]), prepared[2]
         copied = False   # the prepared timeline is copied only if a repair changes it
         for repairs in range(self.opts.max_repair_steps + 1 if repair else 1):
-            sched = lower(self.problem, tl.evictions())
+            sched = lower(self.problem, tl.plan())
             sim = simulate(self.problem, sched)
             if sim.peak_bytes <= budget:
                 return _Plan(sched, sim, tl, records, undone, repairs, snap)
@@ -503,7 +548,7 @@ class _Refiner:
         """Simulated peak of the lowered end-of-descent plan (bytes)."""
         if self._final_peak is None:
             snap = self.final()
-            self._final_peak = simulate(self.problem, lower(self.problem, snap.timeline.evictions())).peak_bytes
+            self._final_peak = simulate(self.problem, lower(self.problem, snap.timeline.plan())).peak_bytes
         return self._final_peak
 
 

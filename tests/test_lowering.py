@@ -346,3 +346,84 @@ def test_adjacent_windows_regenerate_on_demand():
     split = lower(p, [Eviction(t["a1"], 1, 3, R), Eviction(t["a1"], 3, 5, R)])
     assert split == lower(p, [Eviction(t["a1"], 1, 5, R)])
     assert simulate(p, split).recompute_s == 1.0
+
+
+
+# ------------------------------------------------------------ retention
+def single_phase():
+    """x -> a(10) -> b(20) -> c(30) -> d(4), and e = fe(a, d) (4): a is read at 1 and 4.
+
+    Every node takes 1 s.  Without decisions: C0 a = 10, C1 a+b = 30, C2 a+b+c = 60 (free b ->
+    40), C3 a+c+d = 44 (free c -> 14), C4 a+d+e = 18: peak 60."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("fa", [x], [("a", 10)], time_s=1)
+    (bb,) = b.op("fb", [a], [("b", 20)], time_s=1)
+    (c,) = b.op("fc", [bb], [("c", 30)], time_s=1)
+    (d,) = b.op("fd", [c], [("d", 4)], time_s=1)
+    (e,) = b.op("fe", [a, d], [("e", 4)], time_s=1)
+    return b.build(outputs=[e]), dict(a=a, b=bb, c=c, d=d, e=e)
+
+
+def test_retain_keeps_a_tensor_past_its_last_use():
+    from libra_opt.lowering import Retain
+
+    p, t = single_phase()
+    # c's last use is node 3; retained through 4 it is resident at node 4: C4 = a+c+d+e = 48
+    sched = lower(p, [Retain(t["c"], 4)])
+    sim = simulate(p, sched)
+    computes = [k for k, i in enumerate(sched) if i.op == Op.COMPUTE]
+    assert sim.peak_bytes == 60 and sim.added_s == 0
+    assert sim.timeline_bytes[computes[4]] == 48
+    assert sched.meta["retained"] == [[t["c"], 4]]
+    frees = [k for k, i in enumerate(sched) if i.op == Op.FREE and i.arg == t["c"]]
+    assert len(frees) == 1 and frees[0] > computes[4]   # freed after node 4, not after node 3
+    assert "retained" not in lower(p, []).meta
+
+
+def test_retain_keeps_an_input_for_a_later_recomputation():
+    """The single-phase case Checkmate's S covers: fo needs m again, m is evicted, and
+    regenerating m needs a, which was freed after its last use (fm)."""
+    from libra_opt.lowering import Retain
+
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("fa", [x], [("a", 10)], time_s=1)
+    (m,) = b.op("fm", [a], [("m", 20)], time_s=1)
+    (y,) = b.op("fy", [m], [("y", 30)], time_s=1)
+    (z,) = b.op("fz", [y], [("z", 4)], time_s=1)
+    (o,) = b.op("fo", [m, z], [("o", 4)], time_s=1)
+    p = b.build(outputs=[o])
+    # m evicted over (2, 4): C0 10, C1 a+m = 30 (free a -> 20), C2 m+y = 50 (free m -> 30),
+    # C3 y+z = 34 (free y -> 4); before fo the chain recomputes fa (14) and fm (34), frees a (24);
+    # C4 m+z+o = 28.  Peak 50, 2 s recomputed.
+    plain = lower(p, [Eviction(m, 2, 4, R)])
+    sim = simulate(p, plain)
+    assert plain.recomputed_nodes() == [0, 1] and sim.recompute_s == 2.0 and sim.peak_bytes == 50
+    # a retained through 4: C1 30, C2 a+m+y = 60 (free m -> 40), C3 a+y+z = 44 (free y -> 14);
+    # the chain is fm alone (34); C4 a+m+z+o = 38.  Peak 60, 1 s recomputed: a's 10 bytes buy 1 s.
+    kept = lower(p, [Eviction(m, 2, 4, R), Retain(a, 4)])
+    sim = simulate(p, kept)
+    assert kept.recomputed_nodes() == [1] and sim.recompute_s == 1.0 and sim.peak_bytes == 60
+
+
+def test_bad_retentions_say_what_to_change():
+    from libra_opt.lowering import Retain
+
+    p, t = single_phase()
+    with pytest.raises(ScheduleError, match="last use"):
+        lower(p, [Retain(t["b"], 2)])          # b's last use is 2
+    with pytest.raises(ScheduleError, match="only activations"):
+        lower(p, [Retain(t["e"], 4)])          # a step output is never freed
+    # a view keeps its storage's window open: a (10) is read at 2, its view av at 5
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("fa", [x], [("a", 10)], time_s=1)
+    (av,) = b.op("view", [a], [("av", 0, a)], time_s=0.5)
+    (u,) = b.op("fu", [a], [("u", 20)], time_s=1)
+    (v,) = b.op("fv", [u], [("v", 20)], time_s=1)
+    (w,) = b.op("fw", [v], [("w", 4)], time_s=1)
+    (o,) = b.op("fo", [av, w], [("o", 4)], time_s=1)
+    q = b.build(outputs=[o])
+    with pytest.raises(ScheduleError, match="either evicted or retained"):
+        lower(q, [Eviction(a, 2, 5, R), Retain(a, 4)])

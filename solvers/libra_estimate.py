@@ -612,7 +612,9 @@ class Timeline(ChainReplay, SwapPlanner):
         for s, off in ch.waits:
             self.waits.setdefault(s, {})[q] = off
 
-    def _set_swap(self, layer: SwapLayer) -> None:
+    def _set_swap(self, layer: SwapLayer) -> bool:
+        """Install ``layer``; re-replay the chains whose reads of a swapped
+        storage moved relative to its prefetch.  Returns whether any was."""
         self.C += self.swap.removal - layer.removal
         old_pos = self.pos
         self.swap = layer
@@ -629,12 +631,15 @@ class Timeline(ChainReplay, SwapPlanner):
                     pts.add(q)
         for q in sorted(pts):
             self._set_chain(q, self.chain_at(q))
+        return bool(pts)
 
     def refresh_swaps(self, rounds: int = 3) -> None:
         """Recompute the swap layer after compute times or chain waits moved,
         until its prefetch positions are stable (at most ``rounds`` times)."""
         for _ in range(rounds):
             old = self.swap
-            self._set_swap(self._swap_layer(self.swap.ids, self.regen_time))
+            rechained = self._set_swap(self._swap_layer(self.swap.ids, self.regen_time))
             if np.array_equal(old.prefetch, self.swap.prefetch) and np.array_equal(old.stall_s, self.swap.stall_s):
+                break
+            if not rechained:   # no chain time, wait or mark changed: the next round would give this layer
                 break

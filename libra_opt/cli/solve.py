@@ -92,6 +92,9 @@ def run(args: argparse.Namespace) -> int:
             from libra_opt.solvers.libra_explain import format_decisions
 
             print(format_decisions(decisions, args.explain))
+            for r in result.extras.get("retained", ()):
+                print(f"  retained {r['name']} ({format_bytes(r['nbytes'])}) past its last use through node "
+                      f"{problem.nodes[r['until']].name}, for the recomputation chain there")
     if args.output:
         result.schedule.save(args.output)
         print(f"plan:     {args.output}")

@@ -61,7 +61,12 @@ class ChainReplay:
         ``lowering._Lowerer._regenerate``."""
         st = self._st
         n_inputs = self.n_inputs
-        missing = [t for t in n_inputs[q] if st(t, q) != _LIVE]
+        cache: dict[int, int] = {}     # tensor -> state before this chain
+        missing = []
+        for t in n_inputs[q]:
+            v = cache[t] = st(t, q)
+            if v != _LIVE:
+                missing.append(t)
         if not missing:
             return None
         tsto = self.t_storage
@@ -70,7 +75,7 @@ class ChainReplay:
         state: dict[int, int] = {}
         order: list[tuple[bool, int]] = []   # (is_swap, tensor or node)
         stack = [(t, False) for t in reversed(missing)]
-        cache: dict[int, int] = {}
+        swapped: dict[int, bool] = {}  # tensor -> comes back by swap-in (else by recomputation)
 
         def stc(t):
             v = cache.get(t)
@@ -78,15 +83,10 @@ class ChainReplay:
                 v = cache[t] = st(t, q)
             return v
 
-        def is_swap(t):
-            s = tsto[t]
-            return t == s and (stc(t) == _ARRIVING or (has_swap(s)))
-
         while stack:
             t, done = stack.pop()
             if done:
-                sw = is_swap(t)
-                order.append((True, t) if sw else (False, t_prod[t]))
+                order.append((True, t) if swapped[t] else (False, t_prod[t]))
                 state[t] = 2
                 continue
             if t in state:
@@ -98,10 +98,15 @@ class ChainReplay:
                 continue
             state[t] = 1
             stack.append((t, True))
-            if not is_swap(t):
+            sw = swapped[t] = t == tsto[t] and (v == _ARRIVING or has_swap(t))
+            if not sw:
                 for u in reversed(n_inputs[t_prod[t]]):
-                    if u not in state and stc(u) != _LIVE:
-                        stack.append((u, False))
+                    if u not in state:
+                        v = cache.get(u)
+                        if v is None:
+                            v = cache[u] = st(u, q)
+                        if v != _LIVE:
+                            stack.append((u, False))
         pending: dict[int, int] = {}
         steps = []
         seen = set()

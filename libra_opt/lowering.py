@@ -58,13 +58,18 @@ class Eviction:
     by ``policy`` for its use at position ``before`` (``after < before``; no use
     of the storage strictly inside the window).  ``prefetch_after``: for a swap,
     issue the swap-in right after this position (default: chosen by the
-    lowering's prefetch rule)."""
+    lowering's prefetch rule).  ``regenerate``: for a recomputation, tensors of
+    the storage to recompute right before node ``before`` even if that node
+    does not read them (*early regeneration*: the chain runs where memory is
+    low, and they stay resident until their next use); empty: regenerate on
+    demand at the first use after ``after``."""
 
     storage: int
     after: int
     before: int
     policy: Policy
     prefetch_after: int | None = None
+    regenerate: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -235,6 +240,19 @@ class _Lowerer:
                 if b.after < a.before:
                     raise ScheduleError(f"eviction windows of {self._n(s)} overlap: ({a.after}, {a.before}) and "
                                         f"({b.after}, {b.before})")
+        # tensors recomputed before a node that does not read them (early regeneration)
+        self.regen_at: dict[int, list[int]] = {}
+        for ws in self.windows.values():
+            for ev in ws:
+                if ev.regenerate:
+                    if ev.policy != Policy.RECOMPUTE:
+                        raise ScheduleError(f"eviction of {self._n(ev.storage)}: early regeneration "
+                                            f"(regenerate=...) needs policy recompute, got {ev.policy.value}")
+                    bad = [t for t in ev.regenerate if self._storage[t] != ev.storage]
+                    if bad:
+                        raise ScheduleError(f"eviction of {self._n(ev.storage)}: regenerate names "
+                                            f"{self._n(bad[0])}, which is not on that storage")
+                    self.regen_at.setdefault(ev.before, []).extend(ev.regenerate)
         # off[s]: (a, b) ranges of positions at whose end storage s is meant to be off the device
         self.evict_at: dict[int, list[int]] = {}
         self.swap_out_at: dict[int, list[int]] = {}
@@ -336,8 +354,11 @@ class _Lowerer:
         # nodes whose inputs or outputs lie on a storage with an eviction window
         dynamic = {i for s in off for i in self._storage_nodes.get(s, ())}
         dynamic.update(i for t in self.until for i in self._storage_nodes.get(storage[t], ()))
+        regen_at = self.regen_at
         for i, node in enumerate(self.nodes):
             ins = node.inputs
+            if i in regen_at:
+                ins = (*ins, *regen_at[i])
             for t in ins:
                 if is_act[t] and t not in live:
                     touched = self._regenerate(i, ins)

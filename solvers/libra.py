@@ -51,7 +51,9 @@ with unfinished swap-outs (slow links), which the finish step repairs.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -67,6 +69,22 @@ from .registry import register_solver
 from .result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
 
 POLICY_MODES = ("hybrid", "recompute", "swap")
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause Python's cyclic garbage collector (``gc.disable``) for the
+    duration: the descent allocates millions of short-lived, acyclic objects
+    (reference counting frees them), and a full collection would otherwise
+    walk every object of the caller's process, the problem included, several
+    times per solve.  The previous state is restored on exit."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 WINDOW_MODES = ("auto", "default", "all")
 
 
@@ -99,6 +117,12 @@ class LibraOptions:
     max_repair_steps : int
         Most decisions added against the simulated timeline when the lowered
         plan's simulated peak is over budget.
+    early : bool
+        Where recomputing a storage at its use would raise a new peak, try
+        regenerating it earlier, where memory is lowest between the peak and
+        the use (``Eviction.regenerate``).  Early regenerations hold memory
+        until the use, which can stop the greedy descent sooner; a budget the
+        descent then cannot reach is planned again without them.
     retain : bool
         Run the pass that keeps a tensor resident after its last use until a
         recomputation chain that would otherwise regenerate it
@@ -118,6 +142,7 @@ class LibraOptions:
     windows: str = "auto"
     undo: bool = True
     max_repair_steps: int = 32
+    early: bool = True
     retain: bool = True
     portfolio: bool = True
 
@@ -166,9 +191,27 @@ class LibraSolver(Solver):
             refs += [_Refiner(problem, dataclasses.replace(self.options, policy=pol)) for pol in ("recompute", "swap")]
         return refs
 
+    def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
+                   snaps: list[dict]) -> tuple[list[_Refiner], list[dict]]:
+        """Descents without early regeneration for the budgets no descent
+        reached, when some descent took an early regeneration (which holds
+        memory and can end a greedy descent sooner)."""
+        missing = [b for b in budgets if all(s.get(b) is None for s in snaps)]
+        if not missing or not any(ref.used_early for ref in refs):
+            return [], []
+        opts = dataclasses.replace(self.options, early=False)
+        more = [_Refiner(problem, dataclasses.replace(opts, policy=ref.opts.policy)) for ref in refs]
+        return more, [ref.descend(missing) for ref in more]
+
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        with _gc_paused():
+            return self._solve_one(problem, budget_bytes)
+
+    def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         refs = self._refiners(problem)
         snaps = [ref.descend([budget_bytes]) for ref in refs]
+        more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
+        refs, snaps = refs + more, snaps + more_snaps
         return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes)
 
     def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution:
@@ -237,11 +280,17 @@ class LibraSolver(Solver):
         list of SolveResult
         """
         self._check_available()
+        with _gc_paused():
+            return self._solve_many(problem, budgets, raise_on_infeasible)
+
+    def _solve_many(self, problem: RematProblem, budgets: Sequence, raise_on_infeasible: bool) -> list[SolveResult]:
         ref_peak = no_remat_peak(problem)
         bb = [parse_budget(b, ref_peak) for b in budgets]
         t0 = time.perf_counter()
         refs = self._refiners(problem)
         snaps = [ref.descend(bb) for ref in refs]
+        more, more_snaps = self._fallbacks(problem, refs, bb, snaps)
+        refs, snaps = refs + more, snaps + more_snaps
         descent_s = time.perf_counter() - t0
         out = []
         for b in bb:

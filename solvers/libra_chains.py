@@ -61,9 +61,14 @@ class ChainReplay:
         ``lowering._Lowerer._regenerate``."""
         st = self._st
         n_inputs = self.n_inputs
+        needed = n_inputs[q]
+        if q in self.early_at:
+            extra = self.early_targets(q)
+            if extra:
+                needed = (*needed, *extra)
         cache: dict[int, int] = {}     # tensor -> state before this chain
         missing = []
-        for t in n_inputs[q]:
+        for t in needed:
             v = cache[t] = st(t, q)
             if v != _LIVE:
                 missing.append(t)
@@ -118,7 +123,7 @@ class ChainReplay:
                 for u in n_inputs[x]:
                     pending[u] = pending.get(u, 0) + 1
             steps.append((sw, x))
-        for u in n_inputs[q]:
+        for u in needed:
             pending[u] = pending.get(u, 0) + 1
         made: set[int] = set()
         resident: set[int] = set()      # tensors made resident by the chain

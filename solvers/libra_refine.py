@@ -49,7 +49,7 @@ class _Move:
     reason: str
     raised_pos: int | None = None
     raised_bytes: int | None = None
-    shrink: tuple | None = None    # (position, tensors): the window ends where a chain regenerates it
+    shrink: tuple | None = None    # (position, tensors[, "early"]): the window ends where a chain regenerates it
 
 
 @dataclass
@@ -108,6 +108,7 @@ class _Refiner:
         self.cache: dict[int, _Move] = {}
         self.records: dict[int, Decision] = {}
         self.step = 0
+        self.used_early = False   # an early regeneration was taken (see LibraSolver's fallback)
         self.done = False
         self.cut_short = False
         self.t0 = time.perf_counter()
@@ -282,6 +283,8 @@ class _Refiner:
                 if pol == REC and cur == KEEP:
                     self._try_shrink(tl, j, e, p, m_p, limit, ok)
             elif limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
+                if pol == REC and cur == KEEP and self.opts.early:
+                    self._try_early(tl, j, p, m_p, limit, ok)
                 mem = tl.memory() if mem is None else mem
                 self.bat[j, col] = e.raised_at
                 self.bmem[j, col] = max(int(e.raised_max - mem[e.raised_at]), 0)
@@ -351,6 +354,27 @@ class _Refiner:
         if newp < m_p and (limit is None or e2.raised_max < limit):
             ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, made)))
 
+    def _try_early(self, tl: Timeline, j: int, p: int, m_p: int, limit: int, ok: list) -> None:
+        """Recomputation variant of window ``j`` for when recomputing at the use
+        raises a new peak: regenerate the storage earlier, before the node
+        between the peak ``p`` and the use where memory is lowest, and keep it
+        from there (early regeneration, like a prefetch; Checkmate's R may
+        recompute a value at any stage before it is needed)."""
+        s, b = int(tl.w_s[j]), int(tl.w_b[j])
+        if b - p < 2:
+            return
+        q = p + 1 + int(np.argmin(tl.memory()[p + 1:b]))
+        first = [t for t in tl.views[s] if b in tl.t_cons[t]]
+        old = tl.window_state(j)
+        tl.set_before(j, q, first)
+        try:
+            e2 = tl.evaluate(j, REC)
+            newp = tl.new_value_at(j, REC, e2, p) if e2.feasible else None
+        finally:
+            tl.move_window_back(j, old)
+        if newp is not None and newp < m_p and e2.raised_max < limit:
+            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, first, "early")))
+
     def _remember(self, j: int, opts) -> None:
         """Cache the evaluated option costs of window ``j`` (see ``__init__``)."""
         for pol, fl, e in opts:
@@ -372,6 +396,8 @@ class _Refiner:
         j = mv.j
         if mv.shrink is not None:
             tl.set_before(j, mv.shrink[0], mv.shrink[1])
+            if len(mv.shrink) > 2 and tl is self.tl:
+                self.used_early = True
         tl.apply(j, mv.policy, mv.eff)
         records[j] = explain(self.problem, step=self.step if tl is self.tl else -1, storage=int(tl.w_s[j]),
                              after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=_NAMES[mv.policy],

@@ -427,3 +427,30 @@ def test_bad_retentions_say_what_to_change():
     q = b.build(outputs=[o])
     with pytest.raises(ScheduleError, match="either evicted or retained"):
         lower(q, [Eviction(a, 2, 5, R), Retain(a, 4)])
+
+
+# ------------------------------------------------------------ early regeneration
+def test_early_regeneration_runs_the_chain_before_a_node_that_does_not_read_it():
+    p, t = single_phase()
+    # on demand: a evicted over (1, 4) is recomputed right before fe (node 4)
+    late = lower(p, [Eviction(t["a"], 1, 4, R)])
+    # early: recomputed before node 3 and kept: C0 10, C1 a+b = 30 (a freed -> 20), C2 b+c = 50
+    # (free b -> 30), fa -> 40, C3 a+c+d = 44 (free c -> 14), C4 a+d+e = 18.  Peak 50, 1 s.
+    early = lower(p, [Eviction(t["a"], 1, 3, R, regenerate=(t["a"],))])
+    for sched in (late, early):
+        assert sched.recomputed_nodes() == [0] and simulate(p, sched).recompute_s == 1.0
+    ops = [(i.op, i.arg) for i in early]
+    k3 = ops.index((Op.COMPUTE, 3))
+    assert ops[k3 - 1] == (Op.COMPUTE, 0)                  # the chain runs before node 3
+    sim = simulate(p, early)
+    assert sim.peak_bytes == 50 and sim.timeline_bytes[k3] == 44
+    ops_late = [(i.op, i.arg) for i in late]
+    assert ops_late[ops_late.index((Op.COMPUTE, 4)) - 1] == (Op.COMPUTE, 0)
+
+
+def test_bad_early_regeneration_says_what_to_change():
+    p, t = single_phase()
+    with pytest.raises(ScheduleError, match="needs policy recompute"):
+        lower(p, [Eviction(t["a"], 1, 3, S, regenerate=(t["a"],))])
+    with pytest.raises(ScheduleError, match="not on that storage"):
+        lower(p, [Eviction(t["a"], 1, 3, R, regenerate=(t["b"],))])

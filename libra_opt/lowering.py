@@ -20,6 +20,9 @@ The rules (shared by the ``libra`` solver and the baselines):
   it right before use, an ``int`` k issues it k nodes ahead.
 - A storage with a host copy is swapped back in (never recomputed) when its
   producer is not recomputable.
+- A recomputation may be *early* (``Eviction.regenerate``): its chain runs
+  before a node that does not read the storage, where memory is lower, and
+  the storage stays resident from there to its use.
 - A :class:`Retain` keeps a tensor resident after its last use, through a
   later position, so that the recomputation chains running before that
   position read it instead of regenerating it (and everything it needs)

@@ -42,7 +42,13 @@ with :mod:`~libra_opt.solvers.libra_chains` and
 Beyond the thesis: a swap-in may be delayed past the peak it must cover
 (paying a stall); where a chain regenerates an evicted storage before its own
 use, the storage may be kept from there (Chen et al.'s segment-wise
-regeneration); in hybrid mode a *portfolio* also runs the recompute-only and
+regeneration); where recomputing at the use would raise a new peak, the
+storage may be regenerated earlier, where memory is low, and kept until the use
+(*early regeneration*, Checkmate's R recomputing a value at an earlier stage),
+with a fallback descent without them for budgets they keep the descent from
+reaching; after the descent, a tensor a chain would regenerate from scratch may
+instead be kept resident past its last use until that chain (*retention*,
+Checkmate's S); in hybrid mode a *portfolio* also runs the recompute-only and
 swap-only descents and returns the cheapest simulated plan.
 
 Limits: greedy, so not optimal (compare ``checkmate-milp``); the estimate
@@ -69,6 +75,7 @@ from .registry import register_solver
 from .result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
 
 POLICY_MODES = ("hybrid", "recompute", "swap")
+WINDOW_MODES = ("auto", "default", "all")
 
 
 @contextlib.contextmanager
@@ -85,7 +92,6 @@ def _gc_paused():
     finally:
         if was:
             gc.enable()
-WINDOW_MODES = ("auto", "default", "all")
 
 
 @dataclass(frozen=True)
@@ -169,7 +175,9 @@ class LibraSolver(Solver):
     :class:`LibraOptions` for the options.  ``SolveResult.extras`` holds
     ``decisions`` (one dict per eviction, with why:
     :class:`~libra_opt.solvers.libra_explain.Decision`), ``estimated_peak_bytes``,
-    ``estimated_added_s``, ``steps``, ``undone``, ``repairs`` and ``policy``.
+    ``retained`` (one dict per :class:`~libra_opt.lowering.Retain`: tensor,
+    name, until, nbytes), ``estimated_added_s``, ``steps``, ``undone``,
+    ``repairs`` and ``policy``.
 
     Raises
     ------

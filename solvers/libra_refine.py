@@ -11,6 +11,7 @@ for keeping a segment's recomputed activations until their backward use.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -60,6 +61,7 @@ class _Snapshot:
     timeline: Timeline
     records: dict
     cut_short: bool = False
+    caches: tuple = ()    # the refiner's option-cost caches at this step (read by repairs)
 
 
 @dataclass
@@ -151,7 +153,22 @@ class _Refiner:
 
     def _snapshot(self, peak: int) -> _Snapshot:
         return _Snapshot(self.step, peak, time.perf_counter() - self.t0, self.tl.copy(), dict(self.records),
-                         self.cut_short)
+                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()))
+
+    @contextlib.contextmanager
+    def _caches_of(self, snap: _Snapshot):
+        """Read the option-cost caches as they were at ``snap`` (repairs order
+        and skip options by them), so that a plan does not depend on how far
+        the descent went on for lower budgets: ``solve_many`` equals ``solve``."""
+        if not snap.caches:
+            yield
+            return
+        now = (self.cost, self.hid_lo, self.hid_hi)
+        self.cost, self.hid_lo, self.hid_hi = snap.caches
+        try:
+            yield
+        finally:
+            self.cost, self.hid_lo, self.hid_hi = now
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:
         """Window ids a move may change at peak position ``p``: kept windows
@@ -544,7 +561,8 @@ class _Refiner:
             if not repair or repairs == self.opts.max_repair_steps:
                 break
             q = _position(self.problem, sched, sim.peak_index)
-            mv = self._repair_move(tl, q, budget)
+            with self._caches_of(snap):
+                mv = self._repair_move(tl, q, budget)
             if mv is None:
                 break
             log.debug("libra: simulated peak %d over budget %d at position %d: repairing", sim.peak_bytes,

@@ -168,6 +168,27 @@ def test_sweep_equals_single_budget_solves(policy, seed):
             assert one.min_feasible_bytes == r.min_feasible_bytes
 
 
+
+@pytest.mark.parametrize("policy", ["hybrid", "recompute"])
+def test_sweep_equals_single_budget_solves_with_repairs(policy, remat_graphs_dir):
+    """On Checkmate's random layered graph some budgets need repairs against the simulated
+    timeline (hybrid at 0.7), early regenerations and the fallback descent (recompute at 0.8):
+    the sweep, whose descents go on to lower budgets, still equals single solves."""
+    from libra_opt.importers import load_remat_graph
+
+    p = load_remat_graph(f"{remat_graphs_dir}/random_layered_n100.json")
+    solver = get_solver("libra", policy=policy)
+    fractions = [0.95, 0.9, 0.8, 0.7, 0.6]
+    many = solver.solve_many(p, fractions)
+    assert any(r.success and r.extras["repairs"] for r in many) or policy == "recompute"
+    for frac, r in zip(fractions, many):
+        one = solver.solve(p, frac, raise_on_infeasible=False)
+        assert one.status == r.status
+        if one.success:
+            assert one.schedule == r.schedule
+            assert_valid(p, r)
+
+
 def test_decisions_are_deterministic():
     p = fwd_bwd(11, 10, views=True, bandwidth=16.0)
     a = solve(p, 0.85)

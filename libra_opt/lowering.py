@@ -502,8 +502,9 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
     -------
     Schedule
         ``meta["evictions"]`` records the decisions as ``[storage, after,
-        before, policy]`` lists, ``meta["retained"]`` the retentions as
-        ``[tensor, until]`` (only when there are any).
+        before, policy]`` lists, ``meta["early"]`` the early regenerations as
+        ``[storage, before, tensors]`` and ``meta["retained"]`` the retentions
+        as ``[tensor, until]`` (these two only when there are any).
 
     Raises
     ------
@@ -517,6 +518,9 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
     sched = _Lowerer(problem, evictions, prefetch).run()
     sched.meta["evictions"] = [[e.storage, e.after, e.before, e.policy.value] for e in evictions
                                if isinstance(e, Eviction) and e.policy != Policy.KEEP]
+    early = [[e.storage, e.before, list(e.regenerate)] for e in evictions if isinstance(e, Eviction) and e.regenerate]
+    if early:
+        sched.meta["early"] = early
     retained = [[r.tensor, r.until] for r in evictions if isinstance(r, Retain)]
     if retained:
         sched.meta["retained"] = retained

@@ -444,6 +444,7 @@ def test_early_regeneration_runs_the_chain_before_a_node_that_does_not_read_it()
     assert ops[k3 - 1] == (Op.COMPUTE, 0)                  # the chain runs before node 3
     sim = simulate(p, early)
     assert sim.peak_bytes == 50 and sim.timeline_bytes[k3] == 44
+    assert early.meta["early"] == [[t["a"], 3, [t["a"]]]] and "early" not in late.meta
     ops_late = [(i.op, i.arg) for i in late]
     assert ops_late[ops_late.index((Op.COMPUTE, 4)) - 1] == (Op.COMPUTE, 0)
 

@@ -233,6 +233,8 @@ def run_step_under_cap(method: Method, model: str, seq: int, batch: int, env: En
             raise torch.OutOfMemoryError(f"smoke cap: {format_bytes(peak)} > {format_bytes(env.cap)}")
         if time_it:
             out["step_s"], _ = time_steps(train, env.device, warmup=0, repeats=env.repeats)
+        if method.kind == "solver":
+            out["problem"] = train.module.problem
         return out
     with memory_cap(env.cap, env.device):
         torch.cuda.reset_peak_memory_stats(env.device)
@@ -246,23 +248,60 @@ def run_step_under_cap(method: Method, model: str, seq: int, batch: int, env: En
     if method.kind == "solver":
         out["budget_bytes"] = int(train.module.plan.budget_bytes)
         out["planned_peak_bytes"] = int(train.module.plan.peak_bytes)
+        out["problem"] = train.module.problem   # profiled here; for the max-batch prediction (not saved)
     del train, zm
     gc.collect()
     return out
 
 
 # ================================================================== parts
-def part_maxbatch(methods, model: str, seq: int, env: Env, results: dict, start: int) -> None:
-    """Max batch and samples/s at it, per method (OOM-safe search)."""
+def predicted_max_batch(m: Method, model: str, seq: int, env: Env, eager: int | None) -> tuple[int | None, list]:
+    """A libra method's max batch predicted from two real probes at batches
+    that eager PyTorch fits (``eager // 2`` and ``eager``): the problems they
+    profiled on this device, extrapolated linearly in the batch
+    (:func:`libra_opt.max_batch.predict_max_batch` with ``problems=``),
+    planned and checked by the simulator.  ``(guess or None, probes)``; the
+    guided search then needs about half the probes of a search from 1."""
+    from libra_opt.max_batch import predict_max_batch
+
+    if m.kind != "solver" or not eager or eager < 3:
+        return None, []
+    b1, b2 = max(2, eager // 2), int(eager)
+    probes, problems = [], []
+    for b in (b1, b2):
+        r = oom_safe(lambda x: run_step_under_cap(m, model, seq, x, env))(b)
+        probes.append([b, r.fits, r.reason[:120]])
+        if not r.fits:
+            return None, probes
+        problems.append(r.info.pop("problem"))
+    p2 = problems[1]
+    try:
+        pred = predict_max_batch(model, env.cap, m.solver, problems=tuple(problems), profile_batches=(b1, b2),
+                                 reserve=env.reserve, limit=env.limit,
+                                 bandwidth_bytes_per_s=float(p2.device.h2d_bytes_per_s),
+                                 solver_options=dict(m.options), progress=False)
+    except Exception as e:  # noqa: BLE001 - a failed prediction only costs the guided search
+        log.warning("%s %s: no prediction (%s: %s); searching from eager's max batch", model, m.name,
+                    type(e).__name__, e)
+        return None, probes
+    return (pred.batch or None), probes
+
+
+def part_maxbatch(methods, model: str, seq: int, env: Env, results: dict, start: int, guess: bool = True) -> None:
+    """Max batch and samples/s at it, per method (OOM-safe search; for libra
+    methods guided by :func:`predicted_max_batch` unless ``guess`` is off)."""
     for m in methods:
         t0 = time.perf_counter()
         s = start
         eager = results.get("maxbatch", {}).get("eager", {}).get("batch")
         if m.name != "eager" and eager:
             s = max(1, int(eager))  # every method saves memory: start where eager stopped
+        predicted, pre = predicted_max_batch(m, model, seq, env, eager) if guess else (None, [])
         fits = oom_safe(lambda b, m=m: run_step_under_cap(m, model, seq, b, env))
-        search = search_max_batch(fits, start=s, limit=env.limit, progress=True, desc=f"{model} {m.name}")
-        entry = {"batch": search.batch, "limit_reached": search.limit_reached,
+        search = search_max_batch(fits, start=s, limit=env.limit, guess=predicted, progress=True,
+                                  desc=f"{model} {m.name}")
+        entry = {"batch": search.batch, "limit_reached": search.limit_reached, "predicted": predicted,
+                 "prediction_probes": pre,
                  "probes": [[t.batch, t.fits, t.reason[:120]] for t in search.trials]}
         if search.batch > 0:
             r = oom_safe(lambda b, m=m: run_step_under_cap(m, model, seq, b, env, time_it=True))(search.batch)
@@ -484,6 +523,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reserve", type=float, default=0.05, help="solver budget reserve, fraction of the cap")
     parser.add_argument("--start", type=int, default=1, help="first batch of eager's search (default 1)")
     parser.add_argument("--limit", type=int, help="never probe above this batch")
+    parser.add_argument("--no-guess", action="store_true",
+                        help="libra methods: search from eager's max batch instead of around the batch predicted "
+                             "from two probes (the guided search needs about half the probes)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps (median; default 3)")
     parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results; smoke: .../smoke)")
     parser.add_argument("--smoke", action="store_true",
@@ -555,7 +597,7 @@ def main(argv=None) -> int:
     try:
         if "maxbatch" in parts:
             print("max batch under the cap:", flush=True)
-            part_maxbatch(sel, model, seq, env, results, args.start)
+            part_maxbatch(sel, model, seq, env, results, args.start, guess=not args.no_guess)
             store.parent.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps(results, indent=1))
         common_batch = args.common_batch or results.get("maxbatch", {}).get("eager", {}).get("batch")

@@ -146,7 +146,8 @@ def max_batch(model: str, memory, method: str = "libra", *, seq: int | None = No
               device: str | torch.device = "cuda", dtype: torch.dtype = torch.float32,
               autocast_dtype: torch.dtype | None = None, reserve: float | int = DEFAULT_RESERVE,
               start: int = 1, limit: int | None = None, steps: int = 2, time_repeats: int = 3,
-              solver_options: dict | None = None, progress: bool = True) -> MaxBatchResult:
+              solver_options: dict | None = None, progress: bool = True, guess: int | None = None
+              ) -> MaxBatchResult:
     """Measure the largest batch that trains under a hard cap on a CUDA GPU.
 
     Parameters
@@ -169,6 +170,10 @@ def max_batch(model: str, memory, method: str = "libra", *, seq: int | None = No
         Kept out of a solver's budget: a fraction of the cap or bytes.
     start, limit : int
         First batch probed; largest batch probed.
+    guess : int, optional
+        A predicted maximum (e.g. :func:`predict_max_batch`'s): the search
+        brackets the answer around it (:func:`search_max_batch`), about half
+        the probes of a search from ``start``.
     steps : int
         Training steps run per probe (>= 2: the first allocates the AdamW
         state, so the second is the steady state).
@@ -233,7 +238,7 @@ def max_batch(model: str, memory, method: str = "libra", *, seq: int | None = No
         return {"peak_bytes": peak, "budget_bytes": budget}
 
     fits = oom_safe(step_at)
-    search = search_max_batch(fits, start=start, limit=limit, progress=progress,
+    search = search_max_batch(fits, start=start, limit=limit, guess=guess, progress=progress,
                               desc=f"max-batch {model} {method}")
     del fits
     result = MaxBatchResult(model, method, cap, search.batch, None, None, False, search, notes)
@@ -323,7 +328,8 @@ def predict_max_batch(model: str, memory, method: str = "libra", *, seq: int | N
                       start: int = 1, limit: int | None = 1 << 16, dtype: torch.dtype = torch.float32,
                       autocast_dtype: torch.dtype | None = None, bandwidth_bytes_per_s: float = 55e9,
                       problems: tuple["RematProblem", "RematProblem"] | None = None,
-                      solver_options: dict | None = None, progress: bool = True) -> MaxBatchResult:
+                      solver_options: dict | None = None, progress: bool = True, guess: int | None = None
+                      ) -> MaxBatchResult:
     """Predict the largest batch under a cap from CPU profiles and the simulator.
 
     Profiles the model on the CPU at two batches, extrapolates the problem to
@@ -356,6 +362,8 @@ def predict_max_batch(model: str, memory, method: str = "libra", *, seq: int | N
         Already profiled problems at ``profile_batches`` (skips profiling).
     solver_options : dict, optional
     progress : bool
+    guess : int, optional
+        Where the search starts bracketing (:func:`search_max_batch`).
 
     Returns
     -------
@@ -418,7 +426,7 @@ def predict_max_batch(model: str, memory, method: str = "libra", *, seq: int | N
         p, budget, sim, why = plan_at(batch)
         return Trial(batch, not why, why, None)
 
-    search = search_max_batch(fits, start=start, limit=limit, progress=progress,
+    search = search_max_batch(fits, start=start, limit=limit, guess=guess, progress=progress,
                               desc=f"predict max-batch {model} {method}")
     notes = [f"PREDICTION, not a measurement: profiled on the CPU at batches {b1} and {b2}, every storage's bytes "
              f"extrapolated linearly in the batch, plans checked by the simulator",

@@ -58,6 +58,35 @@ def test_search_stops_at_the_limit():
     assert [t.batch for t in res.trials] == [1, 2, 4, 8, 16, 32, 40]
 
 
+
+@pytest.mark.parametrize("max_ok", [0, 1, 2, 7, 64, 100, 368, 1000])
+@pytest.mark.parametrize("error", [-0.6, -0.1, -0.03, 0.0, 0.03, 0.1, 0.6])
+def test_guided_search_finds_the_maximum_from_any_guess(max_ok, error):
+    """With a guess (a prediction off by ``error``) the search is still exact, never probes a batch
+    twice, and with a guess within 10 % it needs fewer probes than the search from 1."""
+    guess = max(1, round(max_ok * (1 + error)))
+    step = FakeGPU(max_ok)
+    res = search_max_batch(oom_safe(step), guess=guess)
+    assert res.batch == max_ok
+    assert step.calls[0] == guess and len(step.calls) == len(set(step.calls))
+    assert all(t.batch <= max_ok for t in res.trials if t.fits)
+    assert all(t.batch > max_ok for t in res.trials if not t.fits)
+    plain = FakeGPU(max_ok)
+    search_max_batch(oom_safe(plain))
+    if max_ok >= 64 and abs(error) <= 0.1:
+        assert len(step.calls) < len(plain.calls), (step.calls, plain.calls)
+
+
+def test_guided_search_respects_the_limit():
+    res = search_max_batch(lambda b: True, guess=30, limit=40)
+    assert res.batch == 40 and res.limit_reached
+    assert max(t.batch for t in res.trials) == 40
+    res = search_max_batch(lambda b: b <= 12, guess=100, limit=50)
+    assert res.batch == 12 and res.trials[0].batch == 50
+    with pytest.raises(ValueError):
+        search_max_batch(lambda b: True, guess=0)
+
+
 def test_search_accepts_bools_and_rejects_bad_arguments():
     assert search_max_batch(lambda b: b <= 11).batch == 11
     with pytest.raises(ValueError):
@@ -175,6 +204,11 @@ def test_simulate_predicts_libra_batch_at_least_eager(tiny_profiles):
     assert planned.batch >= eager.batch
     assert planned.peak_bytes <= budget and planned.samples_per_s > 0
     assert "PREDICTION" in planned.summary()
+    # a guided search (as the headline benchmark runs it from a prediction) gives the same answer
+    for guess in (1, planned.batch, 3 * planned.batch):
+        again = predict_max_batch("gpt2-tiny", cap, "libra", seq=32, problems=tiny_profiles, progress=False,
+                                  guess=guess)
+        assert again.batch == planned.batch and again.search.trials[0].batch == guess
 
 
 def test_simulate_refuses_pytorch_reference_methods(tiny_profiles):

@@ -44,6 +44,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "(default 5%%)")
     p.add_argument("--start", type=int, default=1, metavar="B", help="first batch probed (default 1)")
     p.add_argument("--limit", type=int, default=None, metavar="B", help="never probe above this batch")
+    p.add_argument("--guess", type=int, default=None, metavar="B",
+                   help="a predicted maximum (e.g. from --simulate): probe it first and bracket the answer "
+                        "around it, about half the probes of a search from --start")
     p.add_argument("--steps", type=int, default=2, help="training steps per probe (default 2)")
     p.add_argument("--device", default="cuda", help="CUDA device (default cuda)")
     p.add_argument("--simulate", action="store_true",
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"predicting the largest batch of {args.model} with {args.solver} under {args.memory} "
               f"(profiling on the CPU at batches {b1} and {b2})...", flush=True)
         result = predict_max_batch(args.model, args.memory, args.solver, seq=args.seq, profile_batches=(b1, b2),
-                                   reserve=reserve, start=args.start,
+                                   reserve=reserve, start=args.start, guess=args.guess,
                                    limit=args.limit if args.limit is not None else 1 << 16, dtype=dtype,
                                    autocast_dtype=autocast)
     else:
@@ -94,6 +97,6 @@ def run(args: argparse.Namespace) -> int:
               f"{torch.cuda.get_device_name(torch.device(args.device))}...", flush=True)
         result = max_batch(args.model, args.memory, args.solver, seq=args.seq, device=args.device, dtype=dtype,
                            autocast_dtype=autocast, reserve=reserve, start=args.start, limit=args.limit,
-                           steps=args.steps)
+                           steps=args.steps, guess=args.guess)
     print(result.summary())
     return 0 if result.batch > 0 else 1

@@ -260,8 +260,7 @@ def predicted_max_batch(m: Method, model: str, seq: int, env: Env, eager: int | 
     that eager PyTorch fits (``eager // 2`` and ``eager``): the problems they
     profiled on this device, extrapolated linearly in the batch
     (:func:`libra_opt.max_batch.predict_max_batch` with ``problems=``),
-    planned and checked by the simulator.  ``(guess or None, probes)``; the
-    guided search then needs about half the probes of a search from 1."""
+    planned and checked by the simulator.  ``(guess or None, probes)``."""
     from libra_opt.max_batch import predict_max_batch
 
     if m.kind != "solver" or not eager or eager < 3:
@@ -287,9 +286,9 @@ def predicted_max_batch(m: Method, model: str, seq: int, env: Env, eager: int | 
     return (pred.batch or None), probes
 
 
-def part_maxbatch(methods, model: str, seq: int, env: Env, results: dict, start: int, guess: bool = True) -> None:
-    """Max batch and samples/s at it, per method (OOM-safe search; for libra
-    methods guided by :func:`predicted_max_batch` unless ``guess`` is off)."""
+def part_maxbatch(methods, model: str, seq: int, env: Env, results: dict, start: int, guess: bool = False) -> None:
+    """Max batch and samples/s at it, per method (OOM-safe search; with
+    ``guess``, for libra methods, guided by :func:`predicted_max_batch`)."""
     for m in methods:
         t0 = time.perf_counter()
         s = start
@@ -523,9 +522,9 @@ def main(argv=None) -> int:
     parser.add_argument("--reserve", type=float, default=0.05, help="solver budget reserve, fraction of the cap")
     parser.add_argument("--start", type=int, default=1, help="first batch of eager's search (default 1)")
     parser.add_argument("--limit", type=int, help="never probe above this batch")
-    parser.add_argument("--no-guess", action="store_true",
-                        help="libra methods: search from eager's max batch instead of around the batch predicted "
-                             "from two probes (the guided search needs about half the probes)")
+    parser.add_argument("--guess", action="store_true",
+                        help="libra methods: search around the batch the simulator predicts from two probes at "
+                             "eager's max batch and half of it, instead of from eager's max batch")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps (median; default 3)")
     parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results; smoke: .../smoke)")
     parser.add_argument("--smoke", action="store_true",
@@ -597,7 +596,7 @@ def main(argv=None) -> int:
     try:
         if "maxbatch" in parts:
             print("max batch under the cap:", flush=True)
-            part_maxbatch(sel, model, seq, env, results, args.start, guess=not args.no_guess)
+            part_maxbatch(sel, model, seq, env, results, args.start, guess=args.guess)
             store.parent.mkdir(parents=True, exist_ok=True)
             store.write_text(json.dumps(results, indent=1))
         common_batch = args.common_batch or results.get("maxbatch", {}).get("eager", {}).get("batch")

@@ -33,11 +33,13 @@ decision set is recorded when the peak first drops under each budget, and
 each is finished as a single solve would, so results equal single-budget
 solves.
 
-Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent, snapshots and
-finish), :mod:`~libra_opt.solvers.libra_estimate` (the incremental timeline;
-with :mod:`~libra_opt.solvers.libra_chains` and
-:mod:`~libra_opt.solvers.libra_swaps`), :mod:`~libra_opt.solvers.libra_explain`
-(decision records).
+Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent and its
+snapshots), :mod:`~libra_opt.solvers.libra_finish` (undo pass, segment-wise
+regeneration, retention, lowering, simulation, repair),
+:mod:`~libra_opt.solvers.libra_estimate` (the incremental timeline; with
+:mod:`~libra_opt.solvers.libra_chains`, :mod:`~libra_opt.solvers.libra_swaps`
+and :mod:`~libra_opt.solvers.libra_reshape`),
+:mod:`~libra_opt.solvers.libra_explain` (decision records).
 
 Beyond the thesis: a swap-in may be delayed past the peak it must cover
 (paying a stall); where a chain regenerates an evicted storage before its own
@@ -70,7 +72,8 @@ from libra_opt.simulator import no_remat_peak
 from libra_opt.units import parse_budget
 
 from .base import Solver
-from .libra_refine import _Plan, _Refiner, _Snapshot
+from .libra_finish import _Plan, _Snapshot
+from .libra_refine import _Refiner
 from .registry import register_solver
 from .result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
 

@@ -90,13 +90,15 @@ _FIELDS = tuple(f.name for f in fields(Decision))
 def explain(problem: RematProblem, *, step: int, storage: int, after: int, before: int, policy: str,
             nbytes: int, peak_bytes: int, peak_pos: int, removed_bytes: int, added_s: float,
             recompute_s: float | None, swap_s: float | None, reason: str,
-            raised_pos: int | None = None, raised_bytes: int | None = None) -> Decision:
+            raised_pos: int | None = None, raised_bytes: int | None = None,
+            early_from: int | None = None) -> Decision:
     """Build a :class:`Decision` with its sentence.
 
     Parameters are the fields of :class:`Decision` (``nbytes`` for ``bytes``,
     positions instead of names); ``raised_pos`` / ``raised_bytes`` name the
     point recomputation would have pushed to the peak (for
-    ``REASON_NEW_PEAK``).
+    ``REASON_NEW_PEAK``); ``early_from`` is the storage's use when it is
+    regenerated early, before ``before``.
     """
     name = problem.tensors[storage].name
     node = problem.nodes[peak_pos].name
@@ -122,6 +124,9 @@ def explain(problem: RematProblem, *, step: int, storage: int, after: int, befor
         why = f"the transfer costs less than recomputing ({_t(swap_s)} vs {_t(recompute_s)})"
     else:
         why = f"recomputing costs no more than swapping ({_t(recompute_s)} vs {_t(swap_s)})"
+    if early_from is not None and early_from != before:
+        why += (f"; regenerated early, before {problem.nodes[before].name}, because its chain at the use "
+                f"({problem.nodes[early_from].name}) would raise a new peak")
     return Decision(step=step, storage=storage, tensor=name, after=after, before=before, policy=policy,
                     bytes=int(nbytes), peak_bytes=int(peak_bytes), peak_node=node,
                     removed_bytes=int(removed_bytes), added_s=float(added_s),

@@ -379,7 +379,8 @@ class _Refiner(Finisher):
                              after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=_NAMES[mv.policy],
                              nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
                              added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
-                             reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes)
+                             reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes,
+                             early_from=int(tl.orig_b[j]) if mv.shrink is not None and len(mv.shrink) > 2 else None)
         if tl is self.tl:
             self.step += 1
             # what is left are switch costs: roughly the other options' costs less what was paid

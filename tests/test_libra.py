@@ -381,6 +381,7 @@ def test_early_regeneration_on_a_single_phase_graph(remat_graphs_dir):
     assert_valid(p, off)
     assert_valid(p, on)
     assert on.schedule.meta.get("early") and not off.schedule.meta.get("early")
+    assert any("regenerated early" in d["detail"] for d in on.extras["decisions"])
     assert on.added_s < off.added_s
     assert_valid(p, solve(p, 0.8, policy="recompute"))
 

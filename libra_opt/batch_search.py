@@ -4,9 +4,10 @@
 ...) until a batch fails, then binary-searches between the last batch that fit
 and the first that did not.  Given a ``guess`` (a prediction, e.g. from the
 simulator), it brackets the answer around it instead, in steps of 5 %, 10 %,
-20 %, ... of the guess, then bisects the bracket: about half the probes when
-the guess is good, each probe being a compiled training step on the GPU.  It assumes "fits" is monotone in the batch (a
-bigger batch never needs less memory).  :func:`oom_safe` turns a training step
+20 %, ... of the guess, then bisects the bracket: about half the probes of a
+search from 1 when the guess is good (each probe is a compiled training step
+on the GPU).  It assumes "fits" is monotone in the batch (a bigger batch never
+needs less memory).  :func:`oom_safe` turns a training step
 into the predicate: it catches ``torch.OutOfMemoryError`` (and a solver's
 :class:`~libra_opt.errors.InfeasibleBudgetError`), drops every reference to
 the failed step, runs ``gc`` and ``torch.cuda.empty_cache``

@@ -157,7 +157,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         self.w_hi: list[dict] = []      # tensor -> last position (regeneration point) it is off for
         self.w_pts: list[tuple] = []    # regeneration points of the window
         for s, a, b in windows:
-            hi = self._window_hi(s, a, b, [t for t in self.views[s] if b in self.t_cons[t]])
+            hi = self._window_hi(s, a, b, self.tensors_read_at(s, b))
             self.w_hi.append(hi)
             self.w_pts.append(tuple(sorted(set(hi.values()))))
         self.w_maxhi = np.array([max(h.values()) if h else b for h, (_, _, b) in zip(self.w_hi, windows)],

@@ -166,7 +166,7 @@ class Finisher:
             for j in broken:
                 s, b = int(tl.w_s[j]), int(self.orig_b[j])
                 tl.apply(j, KEEP)
-                tl.set_before(j, b, [t for t in tl.views[s] if b in tl.t_cons[t]])
+                tl.set_before(j, b, tl.tensors_read_at(s, b))
                 tl.apply(j, REC)
                 if j in records:
                     records[j] = dataclasses.replace(records[j], before=b)

@@ -314,19 +314,9 @@ class _Refiner(Finisher):
             return
         q = min(qs)
         made = [t for t in e.chains[q].made if tl.t_storage[t] == s]
-        old = (b, tl.w_hi[j], tl.w_pts[j], int(tl.w_maxhi[j]))
-        tl.set_before(j, q, made)
-        try:
-            e2 = tl.evaluate(j, REC)
-        finally:
-            tl.w_b[j], tl.w_hi[j], tl.w_pts[j], tl.w_maxhi[j] = old
-        if not e2.feasible or e2.cost_s >= e.cost_s:
+        e2, newp = self._ending_at(tl, j, q, made, p)
+        if newp is None or e2.cost_s >= e.cost_s:
             return
-        tl.w_b[j] = q   # new_value_at reads the window
-        try:
-            newp = tl.new_value_at(j, REC, e2, p)
-        finally:
-            tl.w_b[j] = b
         if newp < m_p and (limit is None or e2.raised_max < limit):
             ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, made)))
 
@@ -340,16 +330,24 @@ class _Refiner(Finisher):
         if b - p < 2:
             return
         q = p + 1 + int(np.argmin(tl.memory()[p + 1:b]))
-        first = [t for t in tl.views[s] if b in tl.t_cons[t]]
-        old = tl.window_state(j)
-        tl.set_before(j, q, first)
-        try:
-            e2 = tl.evaluate(j, REC)
-            newp = tl.new_value_at(j, REC, e2, p) if e2.feasible else None
-        finally:
-            tl.move_window_back(j, old)
+        first = tl.tensors_read_at(s, b)
+        e2, newp = self._ending_at(tl, j, q, first, p)
         if newp is not None and newp < m_p and e2.raised_max < limit:
             ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, first, "early")))
+
+    @staticmethod
+    def _ending_at(tl: Timeline, j: int, q: int, tensors: list[int], p: int):
+        """Evaluate recomputing kept window ``j`` with its end moved to ``q``,
+        where ``tensors`` of its storage are regenerated, then put the window
+        back.  ``(effect, memory at p after it)``; the memory is ``None`` if
+        the effect is infeasible."""
+        old = tl.window_state(j)
+        tl.set_before(j, q, tensors)
+        try:
+            e2 = tl.evaluate(j, REC)
+            return e2, (tl.new_value_at(j, REC, e2, p) if e2.feasible else None)
+        finally:
+            tl.move_window_back(j, old)
 
     def _remember(self, j: int, opts) -> None:
         """Cache the evaluated option costs of window ``j`` (see ``__init__``)."""

@@ -51,6 +51,11 @@ class Reshaper:
                     stack.append(u)
         return hi
 
+    def tensors_read_at(self, s: int, q: int) -> list[int]:
+        """Tensors of storage ``s`` that node ``q`` reads (those a window of
+        ``s`` ending at its use ``q`` regenerates there)."""
+        return [t for t in self.views[s] if q in self.t_cons[t]]
+
     def set_before(self, j: int, q: int, regenerated: list[int]) -> None:
         """Move the end of kept window ``j`` to position ``q``, where a chain
         regenerates the tensors ``regenerated`` of its storage (they then stay
@@ -95,7 +100,7 @@ class Reshaper:
         if state is None:
             self._set_end(j, q, regenerated)
         else:
-            self.w_b[j], self.w_hi[j], self.w_pts[j], self.w_maxhi[j] = state
+            self.move_window_back(j, state)
         b = int(self.w_b[j])
         self.R_rec[a + 1:b] += nbytes
         self.C[a + 1:b] -= nbytes

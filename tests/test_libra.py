@@ -358,7 +358,7 @@ def test_estimate_matches_the_simulator_with_early_regeneration(seed):
     for j, (s, a, b) in enumerate(wins):
         if (rng.random() < 0.6 or not early) and tl.w_rec_ok[j] and not tl.s_win.get(s):
             if b - a >= 3 and (rng.random() < 0.6 or not early):
-                tl.set_before(j, rng.randint(a + 2, b - 1), [t for t in tl.views[s] if b in tl.t_cons[t]])
+                tl.set_before(j, rng.randint(a + 2, b - 1), tl.tensors_read_at(s, b))
                 early += 1
             tl.apply(j, REC)
     assert early

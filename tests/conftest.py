@@ -1,4 +1,5 @@
-"""Shared pytest setup: skip tests marked ``cuda`` when no CUDA GPU is present."""
+"""Shared pytest setup: skip tests marked ``cuda`` when no CUDA GPU is present; the
+``one_intra_op_thread`` fixture for modules that run many tiny eager ops."""
 import os
 
 import pytest
@@ -25,3 +26,15 @@ def remat_graphs_dir():
     if not os.path.isdir(d):
         pytest.skip(f"remat-graphs not found at {d}; set LIBRA_REMAT_GRAPHS")
     return d
+
+
+@pytest.fixture(scope="module")
+def one_intra_op_thread():
+    """One intra-op thread for the module: on a busy 2-core machine OpenMP's spinning
+    threads make tiny ops hundreds of times slower; results do not depend on it."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

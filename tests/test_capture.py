@@ -17,6 +17,8 @@ from libra_opt.runtime.executor import StorageTracker, measure_joint_peak
 from libra_opt.simulator import simulate
 from libra_opt.zoo import build_model
 
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
 #: (zoo name, batch, dropout): tiny configs, random weights, nothing downloaded
 ARCHS = {
     "gpt2": ("gpt2-tiny", 4, 0.1),
@@ -25,16 +27,6 @@ ARCHS = {
     "vit": ("vit-tiny", 8, 0.1),
     "resnet": ("resnet-tiny", 8, 0.0),
 }
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """One intra-op thread: on a busy 2-core machine OpenMP's spinning threads make
-    tiny ops hundreds of times slower; results do not depend on it."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @functools.lru_cache(maxsize=None)

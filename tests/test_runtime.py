@@ -24,22 +24,14 @@ from libra_opt.solvers.registry import BUILTIN_SOLVERS
 from libra_opt.zoo import build_model
 from test_capture import captured  # shares the session's captures (tests/ is on sys.path)
 
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
+
 RUNTIME_ARCHS = ["gpt2", "bert", "resnet", "llama"]   # dropout, dropout, BatchNorm, GQA decoder
 SOLVERS = list(BUILTIN_SOLVERS)   # none, checkpoint-all, chen-sqrt, chen-greedy, swap-all, checkmate-*, libra
 BUDGETS = [0.9, 0.6]
 #: keep the MILP/LP small and bounded so the suite stays fast
 SOLVER_OPTIONS = {"checkmate-milp": dict(time_limit_s=5.0, max_nodes=40),
                   "checkmate-lp": dict(time_limit_s=10.0, max_nodes=60)}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_intra_op_thread():
-    """One intra-op thread: on a busy 2-core machine OpenMP's spinning threads make
-    tiny ops hundreds of times slower; results do not depend on it."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------- helpers

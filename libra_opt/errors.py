@@ -93,3 +93,10 @@ class RuntimeExecutionError(LibraOptError, RuntimeError):
 
 class PlotError(LibraOptError, ValueError):
     """The data given to a plot function cannot be plotted; the message says why."""
+
+
+class OutputPathError(LibraOptError, OSError):
+    """A file cannot be written where asked (a missing or read-only directory,
+    a full disk); the message names the file and what to change.  Nothing is
+    left behind: the old file, if any, is unchanged (see
+    :mod:`libra_opt.atomic`)."""

@@ -87,6 +87,12 @@ class ShapeMismatchError(LibraOptError, ValueError):
     example inputs the plan was made for."""
 
 
+class InputMismatchError(LibraOptError, TypeError):
+    """An optimized module was called with other inputs than the example the
+    plan was made for: a missing or extra argument, or another number of
+    input tensors; the message says which."""
+
+
 class RuntimeExecutionError(LibraOptError, RuntimeError):
     """The runtime could not execute a plan."""
 

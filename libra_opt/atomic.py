@@ -26,7 +26,7 @@ from typing import IO, Iterator
 
 from .errors import OutputPathError
 
-__all__ = ["atomic_write", "check_writable"]
+__all__ = ["atomic_write", "check_writable", "write_text"]
 
 
 def check_writable(path: str | os.PathLike) -> Path:
@@ -148,3 +148,22 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", *, encoding: str | No
             raise OutputPathError(f"cannot write {path}: {e.strerror or e}; the old file (if any) is "
                                   f"unchanged") from e
         raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` with :func:`atomic_write`: the
+    all-or-nothing form of ``Path.write_text``.
+
+    Returns
+    -------
+    Path
+        ``path``.
+
+    Raises
+    ------
+    OutputPathError
+        ``path`` cannot be written; the old file is unchanged.
+    """
+    with atomic_write(path) as f:
+        f.write(text)
+    return Path(path)

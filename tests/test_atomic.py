@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from libra_opt.atomic import atomic_write, check_writable
+from libra_opt.atomic import atomic_write, check_writable, write_text
 from libra_opt.cli import main
 from libra_opt.compare import Row, rows_to_csv
 from libra_opt.errors import OutputPathError, ProblemFileError
@@ -33,13 +33,14 @@ def _writers(p, plan):
         "plan": lambda path: plan.save(path),
         "plan.gz": lambda path: plan.save(str(path) + ".gz"),
         "problem": lambda path: save_problem(p, path),
+        "text": lambda path: write_text(path, "benchmark results\n" * 100),
         "plot": lambda path: plot_memory_timeline(p, [simulate(p)], str(path) + ".png"),
         "csv": lambda path: rows_to_csv([Row("tiny", 300, 1.0, "none", "optimal", 0.0, 4.0, 4.0, 300, 0.01, None,
                                              None, None, None, "")], path),
     }
 
 
-WRITERS = ["csv", "plan", "plan.gz", "plot", "problem"]
+WRITERS = ["csv", "plan", "plan.gz", "plot", "problem", "text"]
 
 
 def _target(tmp_path, name):

@@ -74,9 +74,14 @@ def _new_file_mode(path: Path) -> int:
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
+        pass
+    try:  # Linux: read the umask without changing it (os.umask would, for a moment, for every thread)
+        with open("/proc/self/status") as f:
+            umask = next(int(ln.split()[1], 8) for ln in f if ln.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
         umask = os.umask(0o022)
         os.umask(umask)
-        return 0o666 & ~umask
+    return 0o666 & ~umask
 
 
 @contextlib.contextmanager

@@ -36,7 +36,6 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 from torch import nn
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from .errors import CaptureError
 from .problem import (BACKWARD, FORWARD, INPUT, DeviceProfile, FixedMemory, Node, Provenance, RematProblem,
@@ -195,6 +194,7 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     """
     import torch._dynamo
     from torch._dynamo.backends.common import aot_autograd
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     kwargs = dict(kwargs or {})
     fn = step_function(model, loss_fn)

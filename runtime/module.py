@@ -168,7 +168,10 @@ class OptimizedModule(nn.Module):
         """Load a state dict with the model's own keys (as :meth:`state_dict`
         writes them, and as the plain model's ``state_dict()`` has them) into
         the model; returns ``torch.nn.Module.load_state_dict``'s result (keys
-        without a prefix).
+        without a prefix).  A state dict saved from an optimized module by
+        libra-opt before this convention has keys under ``model.``: strip
+        them first with
+        ``torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, "model.")``.
 
         Raises
         ------

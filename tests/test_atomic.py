@@ -76,6 +76,15 @@ def test_every_writer_replaces_the_old_file_whole(name, tmp_path, tiny_problem, 
     assert sorted(f.name for f in tmp_path.iterdir()) == [target.name]
 
 
+def test_a_new_file_gets_the_permissions_open_would_give(tmp_path):
+    old = os.umask(0o027)
+    try:
+        write_text(tmp_path / "new.txt", "x")
+    finally:
+        os.umask(old)
+    assert oct(os.stat(tmp_path / "new.txt").st_mode & 0o777) == oct(0o640)   # 0o666 minus the umask
+
+
 def test_an_exception_or_ctrl_c_mid_write_leaves_the_old_file(tmp_path):
     target = tmp_path / "plan.json"
     target.write_bytes(OLD)

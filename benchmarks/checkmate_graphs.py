@@ -137,7 +137,9 @@ def main(argv=None) -> int:
             f = lambda v: "-" if v is None else f"{v:.6g}"  # noqa: E731
             print(f"| {d['graph']} | {d['budget_fraction']:.2f} | {d['milp_status']} | {d['lp_status']} | "
                   f"{f(d['milp_added'])} | {f(d['lp_added'])} | {f(d['total_ratio'])} | {f(d['added_ratio'])} |")
-        with open(out.parent / "checkmate_lp_milp_ratio.csv", "w", newline="") as fh:
+        from libra_opt.atomic import atomic_write
+
+        with atomic_write(out.parent / "checkmate_lp_milp_ratio.csv", "w", newline="") as fh:
             w = csv.DictWriter(fh, fieldnames=list(ratios[0]))
             w.writeheader()
             w.writerows(ratios)

@@ -66,6 +66,7 @@ from typing import Any
 
 import torch
 
+from libra_opt.atomic import atomic_write, write_text
 from libra_opt.batch_search import free_device_memory, oom_safe, search_max_batch
 from libra_opt.errors import LibraOptError
 from libra_opt.max_batch import memory_cap
@@ -471,10 +472,10 @@ def render(results: dict, out: Path, stem: str) -> list[Path]:
                       f"{_fmt(r['budget_fraction'])} | {r['added_pct']:+.1f}% |")
     out.mkdir(parents=True, exist_ok=True)
     p = out / f"{stem}.md"
-    p.write_text("\n".join(md) + "\n")
+    write_text(p, "\n".join(md) + "\n")
     written.append(p)
     p = out / f"{stem}.csv"
-    with open(p, "w", newline="") as f:
+    with atomic_write(p, "w", newline="") as f:
         fields = ["part", "method", "setting", "batch", "value", "ratio_to_eager", "peak_bytes", "note"]
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -598,7 +599,7 @@ def main(argv=None) -> int:
             print("max batch under the cap:", flush=True)
             part_maxbatch(sel, model, seq, env, results, args.start, guess=args.guess)
             store.parent.mkdir(parents=True, exist_ok=True)
-            store.write_text(json.dumps(results, indent=1))
+            write_text(store, json.dumps(results, indent=1))
         common_batch = args.common_batch or results.get("maxbatch", {}).get("eager", {}).get("batch")
         if ("common" in parts or "sweep" in parts) and not common_batch:
             print("headline.py: no common batch: run --parts maxbatch with eager first, or pass --common-batch",
@@ -607,7 +608,7 @@ def main(argv=None) -> int:
         if "common" in parts:
             print(f"samples/s at the common batch {common_batch}:", flush=True)
             part_common(sel, model, seq, env, results, int(common_batch))
-            store.write_text(json.dumps(results, indent=1))
+            write_text(store, json.dumps(results, indent=1))
         if "sweep" in parts:
             print(f"budget sweep at batch {common_batch}:", flush=True)
             families = sorted({m.family for m in sel} - {"eager"})
@@ -615,7 +616,7 @@ def main(argv=None) -> int:
                        [float(x) for x in budgets.split(",")], [float(x) for x in ambs.split(",")])
     finally:
         store.parent.mkdir(parents=True, exist_ok=True)
-        store.write_text(json.dumps(results, indent=1))
+        write_text(store, json.dumps(results, indent=1))
         written = render(results, out, stem)
     print(f"done in {time.perf_counter() - t0:.0f} s; wrote " + ", ".join(str(p) for p in [store] + written))
     return 0

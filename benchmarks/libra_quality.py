@@ -69,7 +69,9 @@ def _load_cache(refresh: bool) -> dict:
 def _save_cache(cache: dict) -> None:
     CACHE.parent.mkdir(parents=True, exist_ok=True)
     keys = ["graph", "budget", "solver", "time_limit_s", "status", "added", "peak", "need", "solve_s", "message"]
-    with open(CACHE, "w", newline="") as f:
+    from libra_opt.atomic import atomic_write
+
+    with atomic_write(CACHE, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         for r in cache.values():

@@ -135,7 +135,9 @@ def write_readme() -> None:
         text += f"\n{BEGIN}\n{END}\n"
     pre, rest = text.split(BEGIN, 1)
     post = rest.split(END, 1)[1] if END in rest else ""
-    readme.write_text(pre + table + post)
+    from libra_opt.atomic import write_text
+
+    write_text(readme, pre + table + post)
     log.info("wrote %s", readme)
 
 

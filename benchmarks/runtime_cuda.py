@@ -222,7 +222,9 @@ def main(argv=None) -> int:
     print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     print_table(rows)
     if args.out:
-        with open(args.out, "w") as f:
+        from libra_opt.atomic import atomic_write
+
+        with atomic_write(args.out) as f:
             json.dump(rows, f, indent=1)
     return 0
 

@@ -43,7 +43,9 @@ def node_memory_lower_bounds(problem: RematProblem) -> np.ndarray:
         Bytes.
     """
     tensors = problem.tensors
-    is_graph = [t.kind != INPUT for t in tensors]
+    # A storage is graph memory unless its BASE is an input: an activation
+    # that is a view of an input costs nothing (as in the simulator).
+    is_graph = [tensors[t.storage].kind != INPUT for t in tensors]
     storage = [t.storage for t in tensors]
     nbytes = [t.nbytes for t in tensors]
     # Columns: storages holding a step output (activation kind).
@@ -95,7 +97,8 @@ def memory_lower_bound(problem: RematProblem) -> int:
         Bytes, comparable with :attr:`SimulationResult.peak_bytes` and with
         budgets; 0 for an empty problem.
     """
-    at_end = sum(problem.tensors[s].nbytes
-                 for s in {problem.tensors[o].storage for o in problem.outputs if problem.tensors[o].kind != INPUT})
+    tensors = problem.tensors
+    at_end = sum(tensors[s].nbytes for s in {tensors[o].storage for o in problem.outputs}
+                 if tensors[s].kind != INPUT)
     per_node = node_memory_lower_bounds(problem)
     return int(max(at_end, int(per_node.max()) if len(per_node) else 0))

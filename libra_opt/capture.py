@@ -194,6 +194,7 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     """
     import torch._dynamo
     from torch._dynamo.backends.common import aot_autograd
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     kwargs = dict(kwargs or {})
     fn = step_function(model, loss_fn)
@@ -222,6 +223,9 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         if not isinstance(inner, _Captured):
             raise CaptureError(f"capturing {name}: AOTAutograd failed on the traced graph: "
                                f"{_describe_break(inner or e)}") from e
+    except GuardOnDataDependentSymNode as e:
+        raise CaptureError(f"{name}: a Python branch or size depends on tensor data ({_describe_break(e)})\n"
+                           f"{_DATA_DEPENDENT_HINT}") from e
     except (torch._dynamo.exc.Unsupported, torch._dynamo.exc.TorchDynamoException) as e:
         raise CaptureError(f"{name} does not capture as one graph (graph break): {_describe_break(e)}\n"
                            f"Remove the break (a print, logging, .item() or a data-dependent Python branch), "
@@ -230,7 +234,35 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     if "joint" not in box:
         raise CaptureError(f"{name}: no joint graph was produced; does the step compute anything that "
                            f"requires grad? (call model.train() and make sure parameters require grad)")
+    _check_data_independent(box["joint"], name)
     return _finish_capture(model, box, autocast_dtype, name)
+
+
+_DATA_DEPENDENT_HINT = ("A plan needs every value's size before the step runs: move .item() / float(t) / "
+                        "t.tolist() and data-dependent ops (nonzero, masked_select, boolean-mask indexing, "
+                        "unique) out of the model, or use fixed-shape forms (torch.where(mask, x, 0), a "
+                        "multiplication by the mask)")
+
+
+def _check_data_independent(joint: fx.GraphModule, name: str) -> None:
+    """Raise :class:`CaptureError` naming the first op of ``joint`` whose
+    result (a Python number from ``.item()``, or a tensor whose size depends
+    on its values, e.g. ``torch.nonzero``) is data-dependent: an unbacked
+    symbol in its fake value
+    (``torch.fx.experimental.symbolic_shapes.free_unbacked_symbols``)."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for n in joint.graph.nodes:
+        if n.op != "call_function" or not free_unbacked_symbols(n.meta.get("val")):
+            continue
+        op = getattr(n.target, "_opname", None) or getattr(n.target, "__name__", str(n.target))
+        what = (".item() (or float(t), int(t), t.tolist()): a Python number read from a tensor"
+                if op == "_local_scalar_dense" else f"torch.{op}: a tensor whose size depends on its values")
+        where = [ln.strip() for ln in (n.meta.get("stack_trace") or "").splitlines()
+                 if ln.strip() and set(ln.strip()) - set("^~ ")]
+        at = f" ({where[-2]}: {where[-1]})" if len(where) >= 2 else ""
+        raise CaptureError(f"{name} computes {what}{at}; aten op {n.target}, node {n.name}.\n"
+                           f"{_DATA_DEPENDENT_HINT}")
 
 
 def _finish_capture(model: nn.Module, box: dict, autocast_dtype, name: str) -> CapturedStep:
@@ -279,20 +311,21 @@ def example_input_shapes(model: nn.Module, graph_inputs) -> list[tuple]:
 
 def check_example_shapes(got: list, expected: list) -> None:
     """Raise :class:`~libra_opt.errors.ShapeMismatchError` unless the input
-    shapes ``got`` equal the example's ``expected``."""
+    shapes ``got`` equal the example's ``expected``
+    (:class:`~libra_opt.errors.InputMismatchError` when their numbers differ)."""
     from .errors import ShapeMismatchError
 
     got = [tuple(s) for s in got]
     expected = [tuple(s) for s in expected]
     if got == expected:
         return
-    if len(got) != len(expected) and set(got) == set(expected):
-        from .errors import RuntimeExecutionError
+    if len(got) != len(expected):
+        from .errors import InputMismatchError
 
-        raise RuntimeExecutionError(
-            f"called with {len(got)} distinct input tensors but the example had {len(expected)} (the same "
-            f"tensor passed for two arguments in one call and not in the other); pass inputs the way the "
-            f"example did, or call libra_opt.optimize again")
+        raise InputMismatchError(
+            f"called with {len(got)} distinct input tensor(s) {got} but the plan was made for {len(expected)} "
+            f"{expected}: pass the inputs the example did (an extra or missing argument; a tensor passed for "
+            f"two arguments counts once), or call libra_opt.optimize again")
     raise ShapeMismatchError(
         f"called with input shapes {got} but the plan was made for {expected}; a plan is valid for "
         f"the example shapes only: pad or bucket the inputs to the example shapes, or call "

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from .atomic import atomic_write
 from .errors import SolverError
 from .problem import RematProblem
 from .simulator import no_remat_peak
@@ -277,11 +278,18 @@ def rows_to_csv(rows: Iterable[Row], path: str | os.PathLike) -> Path:
     -------
     Path
         ``path``.
+
+    Raises
+    ------
+    OutputPathError
+        ``path`` cannot be written (a missing or read-only directory, a full
+        disk); written with :func:`~libra_opt.atomic.atomic_write`, so the old
+        file is unchanged and no temporary file is left.
     """
     rows = list(rows)
     names = [f.name for f in dataclasses.fields(Row)] + ["added_pct"]
     path = Path(path)
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=names)
         w.writeheader()
         for r in rows:

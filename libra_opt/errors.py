@@ -87,9 +87,22 @@ class ShapeMismatchError(LibraOptError, ValueError):
     example inputs the plan was made for."""
 
 
+class InputMismatchError(LibraOptError, TypeError):
+    """An optimized module was called with other inputs than the example the
+    plan was made for: a missing or extra argument, or another number of
+    input tensors; the message says which."""
+
+
 class RuntimeExecutionError(LibraOptError, RuntimeError):
     """The runtime could not execute a plan."""
 
 
 class PlotError(LibraOptError, ValueError):
     """The data given to a plot function cannot be plotted; the message says why."""
+
+
+class OutputPathError(LibraOptError, OSError):
+    """A file cannot be written where asked (a missing or read-only directory,
+    a full disk); the message names the file and what to change.  Nothing is
+    left behind: the old file, if any, is unchanged (see
+    :mod:`libra_opt.atomic`)."""

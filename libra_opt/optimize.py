@@ -109,7 +109,10 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     other shapes raises :class:`~libra_opt.errors.ShapeMismatchError`
     (TorchDynamo recompiles for the new shapes and the runtime's backend
     refuses them); optimize again for each shape you train with.  Under
-    ``torch.no_grad()`` the module runs the model without a plan.
+    ``torch.no_grad()`` and in eval mode the module runs the model without a
+    plan, at any shape.  A model whose forward reads a tensor's data into
+    Python (``.item()``) or makes data-dependent shapes (``torch.nonzero``)
+    raises :class:`~libra_opt.errors.CaptureError` here, naming the op.
     ``backward(retain_graph=True)`` is not supported.
     """
     from .runtime.module import OptimizedModule

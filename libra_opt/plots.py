@@ -59,6 +59,18 @@ def _figure(figsize: tuple[float, float]):
     return fig, fig.add_subplot()
 
 
+def _save(fig, path: str | os.PathLike) -> None:
+    """Write ``fig`` to ``path`` in the format its suffix names (matplotlib's
+    ``savefig(format=...)``; no suffix: ``rcParams["savefig.format"]``) with
+    :func:`~libra_opt.atomic.atomic_write`, so a failed write (an unknown
+    format, a full disk) leaves the old file and no temporary file."""
+    from .atomic import atomic_write
+
+    fmt = Path(path).suffix[1:].lower() or None
+    with atomic_write(path, "wb") as f:
+        fig.savefig(f, format=fmt, dpi=120)
+
+
 def _byte_unit(max_bytes: float) -> tuple[str, float]:
     name, scale = "B", 1
     for n, s in _BYTE_UNITS:
@@ -131,6 +143,9 @@ def plot_memory_timeline(problem: "RematProblem", results, path: str | os.PathLi
     ------
     PlotError
         ``results`` is empty or holds something else.
+    OutputPathError
+        ``path`` cannot be written (a missing or read-only directory, a full
+        disk); nothing is left behind.
 
     Notes
     -----
@@ -168,7 +183,7 @@ def plot_memory_timeline(problem: "RematProblem", results, path: str | os.PathLi
     ax.set_xlim(left=0)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     log.info("wrote memory timeline of %d plan(s) to %s", len(plans), path)
     return Path(path)
 
@@ -260,6 +275,6 @@ def plot_budget_curve(rows, path: str | os.PathLike, *, reference_bytes: int | N
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=120)
+    _save(fig, path)
     log.info("wrote budget curve of %d method(s) to %s", len(curves), path)
     return Path(path)

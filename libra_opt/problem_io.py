@@ -44,6 +44,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable
 
+from .atomic import atomic_write
 from .errors import ProblemError, ProblemFileError
 from .problem import (ACTIVATION, INPUT, PHASES, TENSOR_KINDS, DeviceProfile, FixedMemory, Node, Provenance,
                       RematProblem, Tensor)
@@ -118,8 +119,9 @@ def _dumps(d: dict) -> str:
 def save_problem(problem: RematProblem, path: str | os.PathLike) -> Path:
     """Write ``problem`` to ``path`` as JSON (gzip-compressed if it ends in ``.gz``).
 
-    The file is written to a temporary name next to ``path`` and renamed, so
-    an interrupted write never leaves a truncated problem file.
+    The file is written with :func:`libra_opt.atomic.atomic_write` (a fresh
+    temporary file next to ``path``, fsync, rename), so an interrupted or
+    failed write leaves the old file, and no temporary file, behind.
 
     Parameters
     ----------
@@ -136,6 +138,9 @@ def save_problem(problem: RematProblem, path: str | os.PathLike) -> Path:
     ProblemError
         A value cannot be written as JSON (a non-finite time or bandwidth, or
         a non-JSON value in ``provenance.extra``).
+    OutputPathError
+        ``path`` cannot be written (a missing or read-only directory, a full
+        disk).
     """
     path = Path(path)
     try:
@@ -143,19 +148,23 @@ def save_problem(problem: RematProblem, path: str | os.PathLike) -> Path:
     except (TypeError, ValueError) as e:
         raise ProblemError(f"problem {problem.name!r} cannot be written as JSON ({e}): times and bandwidths "
                            f"must be finite and provenance.extra must hold JSON values") from e
-    tmp = path.with_name(path.name + ".tmp")
     data = text.encode("utf-8")
     if path.name.endswith(".gz"):
-        # mtime=0: the same problem always gives the same bytes.
-        buf = io.BytesIO()
-        with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz:
-            gz.write(data)
-        data = buf.getvalue()
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+        data = gzip_bytes(data)
+    with atomic_write(path, "wb") as f:
+        f.write(data)
     log.info("wrote problem %r (%d nodes, %d tensors) to %s", problem.name, len(problem.nodes),
              len(problem.tensors), path)
     return path
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """``data`` gzip-compressed with ``mtime=0`` and no file name, so the same
+    data always gives the same bytes (:class:`gzip.GzipFile`)."""
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0) as gz:
+        gz.write(data)
+    return buf.getvalue()
 
 
 # --------------------------------------------------------------------- reading

@@ -155,41 +155,83 @@ class Schedule:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
-        """Inverse of :meth:`to_dict`; raises :class:`~libra_opt.errors.ProblemFileError`
-        naming a bad field."""
+        """Inverse of :meth:`to_dict`.
+
+        Types are checked, never coerced: ``version`` and every instruction's
+        argument must be JSON integers (not ``1.7``, ``"3"`` or ``true``), an
+        op one of the instruction names, ``meta`` an object.
+
+        Raises
+        ------
+        ProblemFileError
+            A wrong schema or version or a mistyped field; ``field`` names it
+            (``"instructions[12]"``).
+        """
         from .errors import ProblemFileError
 
         if not isinstance(d, dict) or d.get("schema") != SCHEDULE_SCHEMA:
             raise ProblemFileError(f"not a libra-opt schedule (expected schema {SCHEDULE_SCHEMA!r})", "schema")
-        if d.get("version") != SCHEDULE_VERSION:
-            raise ProblemFileError(f"schedule version {d.get('version')!r} is not supported; this libra-opt "
-                                   f"reads version {SCHEDULE_VERSION}", "version")
+        version = d.get("version")
+        if not _is_int(version) or version != SCHEDULE_VERSION:
+            raise ProblemFileError(f"schedule version {version!r} is not supported; this libra-opt "
+                                   f"reads version {SCHEDULE_VERSION} (an integer)", "version")
+        items = d.get("instructions", [])
+        if not isinstance(items, list):
+            raise ProblemFileError(f"instructions must be a list of [op, int] pairs, not {type(items).__name__}",
+                                   "instructions")
+        meta = d.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise ProblemFileError(f"meta must be an object, not {type(meta).__name__}", "meta")
         out = []
-        for k, item in enumerate(d.get("instructions", [])):
-            try:
-                name, arg = item
-                out.append(Instr(_NAME_OPS[name], int(arg)))
-            except (KeyError, TypeError, ValueError):
-                raise ProblemFileError(f"bad instruction {item!r}; expected [op, int] with op one of "
-                                       f"{sorted(_NAME_OPS)}", f"instructions[{k}]") from None
-        return cls(out, d.get("meta") or {})
+        for k, item in enumerate(items):
+            if (not isinstance(item, (list, tuple)) or len(item) != 2 or item[0] not in _NAME_OPS
+                    or not _is_int(item[1]) or item[1] < 0):
+                raise ProblemFileError(f"bad instruction {item!r}; expected [op, id] with op one of "
+                                       f"{sorted(_NAME_OPS)} and id a non-negative integer (not a float, "
+                                       f"string or boolean)", f"instructions[{k}]")
+            out.append(Instr(_NAME_OPS[item[0]], item[1]))
+        return cls(out, meta or {})
 
     def save(self, path) -> None:
-        """Write JSON to ``path``."""
-        with open(path, "w") as f:
-            json.dump(self.to_dict(), f)
+        """Write JSON to ``path``, gzip-compressed if the name ends in ``.gz``.
+
+        Written with :func:`libra_opt.atomic.atomic_write`: a failed or
+        interrupted write leaves the old file, and no temporary file, behind.
+
+        Raises
+        ------
+        OutputPathError
+            ``path`` cannot be written (a missing or read-only directory, a
+            full disk).
+        """
+        from .atomic import atomic_write
+        from .problem_io import gzip_bytes
+
+        data = json.dumps(self.to_dict()).encode("utf-8")
+        if str(path).endswith(".gz"):
+            data = gzip_bytes(data)
+        with atomic_write(path, "wb") as f:
+            f.write(data)
 
     @classmethod
     def load(cls, path) -> "Schedule":
-        """Read a schedule JSON file."""
-        from .errors import ProblemFileError
+        """Read a schedule JSON file (gunzipped first if the name ends in ``.gz``).
 
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ProblemFileError(f"{path}: not valid JSON ({e})") from e
-        return cls.from_dict(d)
+        Raises
+        ------
+        FileNotFoundError
+            No such file.
+        ProblemFileError
+            Not valid (gzip-compressed) JSON, or a bad field (see :meth:`from_dict`).
+        """
+        from .problem_io import read_json
+
+        return cls.from_dict(read_json(path))
+
+
+def _is_int(v) -> bool:
+    """A JSON integer: ``int`` but not ``bool``."""
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def no_remat_schedule(problem: "RematProblem") -> Schedule:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 
 import torch
 from torch import nn
 
 from libra_opt.capture import autocast_context, check_example_shapes, example_input_shapes, step_function
-from libra_opt.errors import LibraOptError, RuntimeExecutionError
+from libra_opt.errors import InputMismatchError, LibraOptError, RuntimeExecutionError
 from libra_opt.problem import RematProblem
 
 from .partition import LoweredPlan, lower_plan
@@ -90,16 +91,104 @@ class OptimizedModule(nn.Module):
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.device = torch.device(device)
         self.example_shapes = [tuple(s) for s in example_shapes]
-        self.swap = SwapManager(self.device)
         sched = plan.schedule
         if sched is None:
             raise RuntimeExecutionError(f"the plan has no schedule (status {plan.status!r}): {plan.message}")
-        self.swap.pool.reserve(sum(_align(problem.tensors[t].nbytes) for t in sched.swapped_tensors()))
+        self._eval_warned = False
+        self._build_runtime()
+
+    # ------------------------------------------------------------ runtime state, copy and pickle
+    #: attributes rebuilt, never copied or pickled: they hold the compiled
+    #: callable (whose closure names the model), the lowered graphs (bound to
+    #: this module's swap manager) and CUDA streams, events and pinned buffers
+    _RUNTIME_ATTRS = ("_compiled", "swap", "lowered", "_ran", "_tracker")
+
+    def _compile(self):
+        """The training step (model, then ``loss_fn``) under ``torch.compile``
+        with this module's backend; a fresh code object per module (see
+        :func:`libra_opt.capture.step_function`)."""
+        return torch.compile(step_function(self.model, self.loss_fn), backend=self._backend, fullgraph=True,
+                             dynamic=False)
+
+    def _build_runtime(self) -> None:
+        """Create what executes the plan for **this** module's model: the swap
+        manager (host pool reserved for the plan's swapped storages, bytes), no
+        lowered graphs yet, and the compiled step."""
+        self.swap = SwapManager(self.device)
+        self.swap.pool.reserve(sum(_align(self.problem.tensors[t].nbytes)
+                                   for t in self.plan.schedule.swapped_tensors()))
         self.lowered: LoweredPlan | None = None
         self._ran = False
         self._tracker = None
-        fn = step_function(model, loss_fn)
-        self._compiled = torch.compile(fn, backend=self._backend, fullgraph=True, dynamic=False)
+        self._compiled = self._compile()
+
+    def __getstate__(self) -> dict:
+        """State for :mod:`copy` / :mod:`pickle` / ``torch.save``: the model,
+        problem, plan and settings; the runtime attributes
+        (:attr:`_RUNTIME_ATTRS`) are left out and rebuilt by :meth:`__setstate__`."""
+        state = super().__getstate__()
+        for k in self._RUNTIME_ATTRS:
+            state.pop(k, None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        """Restore a copied or unpickled module and rebuild its runtime for
+        its own model: a ``copy.deepcopy`` trains its copy of the parameters
+        and buffers, never the original's, and recompiles on its first call."""
+        super().__setstate__(state)
+        self.__dict__.setdefault("_eval_warned", False)
+        self._build_runtime()
+
+    # ------------------------------------------------------------ state dict
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The model's state dict, with the model's own keys (no ``model.``
+        prefix): a checkpoint of the optimized module loads into the plain
+        model and the other way round, under ``strict=True``, also when the
+        optimized module is a submodule.
+
+        ``named_parameters()`` / ``named_modules()`` still describe the
+        module tree (``model.<name>``), so that ``get_parameter`` and
+        ``torch.func.functional_call`` resolve them.  Same pattern as
+        ``torch.distributed``'s ``checkpoint_wrapper`` (state-dict hooks that
+        strip its wrapper prefix); source: ``torch.nn.Module.state_dict``.
+        """
+        out = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if len(args) > 1:  # the deprecated positional form (destination, prefix, keep_vars)
+            prefix = args[1]
+        inner = prefix + "model."
+        for k in [k for k in out if k.startswith(inner)]:
+            out[prefix + k[len(inner):]] = out.pop(k)
+        meta = getattr(out, "_metadata", None)
+        if meta is not None:
+            for k in [k for k in meta if k == inner[:-1] or k.startswith(inner)]:
+                meta[prefix[:-1] if k == inner[:-1] else prefix + k[len(inner):]] = meta.pop(k)
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Load a state dict with the model's own keys (as :meth:`state_dict`
+        writes them, and as the plain model's ``state_dict()`` has them) into
+        the model; returns ``torch.nn.Module.load_state_dict``'s result (keys
+        without a prefix).  A state dict saved from an optimized module by
+        libra-opt before this convention has keys under ``model.``: strip
+        them first with
+        ``torch.nn.modules.utils.consume_prefix_in_state_dict_if_present(sd, "model.")``.
+
+        Raises
+        ------
+        RuntimeError
+            ``strict`` and the keys differ (``torch.nn.Module.load_state_dict``).
+        """
+        return self.model.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """As a submodule being loaded: the keys under ``prefix`` are the
+        model's, so put them under ``prefix + "model."`` (where the model
+        is) before ``torch.nn.Module`` loads them."""
+        for k in [k for k in state_dict if k.startswith(prefix)]:
+            state_dict[prefix + "model." + k[len(prefix):]] = state_dict.pop(k)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     # ------------------------------------------------------------ backend
     def _backend(self, gm, example_inputs):
@@ -151,18 +240,25 @@ class OptimizedModule(nn.Module):
 
     # ------------------------------------------------------------ call
     def forward(self, *args, **kwargs):
-        """Run the model (then ``loss_fn``) under the plan.
+        """Run the model (then ``loss_fn``) under the plan; without it (eagerly,
+        any shape) under ``torch.no_grad()`` or in eval mode.
 
         Raises
         ------
         ShapeMismatchError
             An input's shape differs from the example's the plan was made for.
+        InputMismatchError
+            Arguments missing or extra for the model's ``forward``, or another
+            number of input tensors than the example's.
         RuntimeExecutionError
-            The model traced to a different graph (e.g. another train/eval
-            mode under grad), or TorchDynamo did not run the compiled plan.
+            The model traced to a different graph (e.g. another autocast
+            dtype or ``requires_grad`` of parameters), or TorchDynamo did not
+            run the compiled plan.
         """
         import torch._dynamo
 
+        if not torch.is_grad_enabled() or not self.model.training:
+            return self._run_without_plan(args, kwargs)
         self._ran = False
         try:
             with autocast_context(self.device, self.autocast_dtype):
@@ -172,12 +268,50 @@ class OptimizedModule(nn.Module):
             if isinstance(inner, LibraOptError):
                 raise inner.with_traceback(None) from None
             raise
+        except torch._dynamo.exc.TorchDynamoException:
+            self._check_arguments(args, kwargs)
+            raise
         if (torch.is_grad_enabled() and not self._ran
                 and any(p.requires_grad for p in self.model.parameters())):
             raise RuntimeExecutionError(
                 "the compiled plan did not run (TorchDynamo fell back to eager, e.g. after hitting "
                 "torch._dynamo.config.recompile_limit); re-create the optimized module")
         return out
+
+    def _run_without_plan(self, args, kwargs):
+        """The model (then ``loss_fn``) run eagerly under the captured
+        autocast: under ``torch.no_grad()`` / ``inference_mode()`` (no
+        activations are saved, so there is nothing to plan) and in eval mode
+        (the plan is for the training-mode graph), at any input shape.  In
+        eval mode with grad enabled it warns once: nothing bounds the memory
+        of that backward."""
+        if torch.is_grad_enabled() and not self._eval_warned:
+            self._eval_warned = True
+            warnings.warn("OptimizedModule in eval mode with grad enabled runs the model without the plan "
+                          "(the plan is for training mode): its memory is not bounded by the budget; call "
+                          ".train(), or optimize the model in eval mode", stacklevel=3)
+        with autocast_context(self.device, self.autocast_dtype):
+            out = self.model(*args, **kwargs)
+            return out if self.loss_fn is None else self.loss_fn(out)
+
+    def _check_arguments(self, args, kwargs) -> None:
+        """Raise :class:`~libra_opt.errors.InputMismatchError` if ``args`` /
+        ``kwargs`` do not fit the model's ``forward`` signature (a missing or
+        extra argument), which TorchDynamo reports as an unsupported trace
+        (``inspect.Signature.bind``)."""
+        import inspect
+
+        try:
+            sig = inspect.signature(self.model.forward)
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            return
+        try:
+            sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise InputMismatchError(
+                f"{type(self.model).__name__}.forward{sig} called with {len(args)} positional and "
+                f"{len(kwargs)} keyword argument(s): {e}; call the optimized module with the inputs of the "
+                f"example given to libra_opt.optimize") from None
 
     def extra_repr(self) -> str:
         """The plan in ``repr(module)``: solver, budget and predicted peak (bytes) and step (s)."""

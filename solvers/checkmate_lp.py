@@ -23,6 +23,7 @@ coarse model only and goes to ``extras`` instead.
 from __future__ import annotations
 
 import logging
+import tempfile
 import time
 from dataclasses import dataclass, field
 
@@ -320,10 +321,11 @@ def _solve_scipy(model: CheckmateModel, time_limit_s: float):
 def _solve_pulp_lp(model: CheckmateModel, time_limit_s: float):
     import pulp
 
-    from .checkmate_milp import _pulp_model, cbc_command
+    from .checkmate_milp import _pulp_model, cbc_command, run_pulp
 
     prob, xs = _pulp_model(model, integral=False)
-    prob.solve(cbc_command(msg=False, timeLimit=float(time_limit_s)))
+    with tempfile.TemporaryDirectory(prefix="libra_cbc_") as tmp:
+        run_pulp(prob, cbc_command(msg=False, timeLimit=float(time_limit_s)), tmp)
     if prob.status == pulp.LpStatusOptimal:
         x = np.array([v.value() if v.value() is not None else 0.0 for v in xs])
         return x, float(pulp.value(prob.objective) or 0.0)

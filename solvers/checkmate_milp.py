@@ -10,7 +10,10 @@ the solution's ``S`` with ``solve_r_opt``, which removes spurious
 recomputations.
 
 Backends: OR-Tools ``pywraplp`` with SCIP (or CBC if SCIP is not built in),
-or PuLP with CBC.  Recompute only (no swapping).  The model has O(n^2)
+or PuLP with CBC.  Ctrl-C during a solve raises ``KeyboardInterrupt`` (never
+a plan from an interrupted solve): OR-Tools runs in a worker thread and is
+stopped with ``InterruptSolve`` (:func:`run_interruptibly`); PuLP's CBC
+child process is killed and its temporary files removed (:func:`run_pulp`).  Recompute only (no swapping).  The model has O(n^2)
 variables: problems with more than ``max_nodes`` nodes are coarsened first
 (:mod:`libra_opt.solvers.coarsen`) and the plan expanded back; the result's
 message and ``extras["coarsened"]`` say so, and the MILP bound then holds for
@@ -22,9 +25,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -312,8 +318,12 @@ def _solve_ortools(model: CheckmateModel, hint, time_limit_s: float, o: Checkmat
     solver.SetTimeLimit(int(time_limit_s * 1000))
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, float(o.mip_gap))
+    if engine == "SCIP":
+        # SCIP's own SIGINT handler would end the solve quietly with its incumbent ("feasible"):
+        # leave Ctrl-C to Python, which interrupts the solve and raises KeyboardInterrupt
+        solver.SetSolverSpecificParametersAsString("misc/catchctrlc = FALSE\n")
     t0 = time.perf_counter()
-    st = solver.Solve(params)
+    st = run_interruptibly(lambda: solver.Solve(params), solver.InterruptSolve, f"OR-Tools {engine}")
     took = time.perf_counter() - t0
     hit = took >= 0.98 * time_limit_s
     if st in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
@@ -325,6 +335,73 @@ def _solve_ortools(model: CheckmateModel, hint, time_limit_s: float, o: Checkmat
     if st == pywraplp.Solver.INFEASIBLE:
         return _MipResult(None, "infeasible", None, None, False, f"ortools-{engine}")
     return _MipResult(None, "no_solution", None, None, hit, f"ortools-{engine}")
+
+
+def run_interruptibly(solve: Callable[[], Any], interrupt: Callable[[], Any], what: str) -> Any:
+    """``solve()`` in a worker thread while the main thread waits, so that
+    Ctrl-C (``KeyboardInterrupt``) reaches Python during a long native solve:
+    it calls ``interrupt()`` (e.g. ``MPSolver.InterruptSolve``), waits for the
+    worker to stop and re-raises; a plan is never made from an interrupted
+    solve.  Off the main thread (where no signal arrives) ``solve()`` runs
+    directly.  The native solve must release the GIL (OR-Tools'
+    ``pywraplp.Solver.Solve`` does).
+
+    Raises
+    ------
+    KeyboardInterrupt
+        Ctrl-C during the solve.
+    Any exception of ``solve``
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return solve()
+    box: dict[str, Any] = {}
+
+    def work():
+        try:
+            box["result"] = solve()
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            box["error"] = e
+
+    worker = threading.Thread(target=work, name=f"libra-opt {what}", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except KeyboardInterrupt:
+        log.warning("interrupted: stopping %s", what)
+        interrupt()
+        worker.join()
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def run_pulp(prob, cmd, tmp_dir: str):
+    """``prob.solve(cmd)`` with PuLP's temporary files (``.mps``, ``.mst``,
+    ``.sol``) in ``tmp_dir`` (``LpSolver_CMD.tmpDir``), which the caller
+    removes; on any exception, Ctrl-C included, the CBC child process that
+    PuLP started (a ``subprocess.Popen`` in the failing frames) is killed and
+    reaped before the exception propagates, so it never outlives Python.
+
+    Returns
+    -------
+    int
+        PuLP's status.
+    """
+    cmd.tmpDir = tmp_dir
+    try:
+        return prob.solve(cmd)
+    except BaseException as e:
+        tb = e.__traceback__
+        while tb is not None:
+            for v in list(tb.tb_frame.f_locals.values()):
+                if isinstance(v, subprocess.Popen) and v.poll() is None:
+                    log.warning("stopping the CBC process %d", v.pid)
+                    v.kill()
+                    v.wait()
+            tb = tb.tb_next
+        raise
 
 
 def _pulp_model(model: CheckmateModel, integral: bool):
@@ -387,7 +464,7 @@ def _solve_pulp(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMI
             kw["threads"] = int(o.threads)
         cmd = cbc_command(**kw)
         t0 = time.perf_counter()
-        prob.solve(cmd)
+        run_pulp(prob, cmd, tmp)
         took = time.perf_counter() - t0
         try:
             with open(log_path) as f:

@@ -17,27 +17,9 @@ from libra_opt.simulator import simulate
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def fwd_bwd():
-    """Forward a = f(x): 100 B, 1 s; b = g(a): 100 B, 1 s.  Backward gb = h(b): 100 B, 1 s;
-    ga = k(gb, a): 10 B, 1 s.  Output ga.  Parameters: 1000 B."""
-    bld = ProblemBuilder()
-    x = bld.input("x", 8)
-    (a,) = bld.op("f", [x], [("a", 100)], time_s=1.0)
-    (b,) = bld.op("g", [a], [("b", 100)], time_s=1.0)
-    (gb,) = bld.op("h", [b], [("gb", 100)], time_s=1.0, phase=BACKWARD)
-    (ga,) = bld.op("k", [gb, a], [("ga", 10)], time_s=1.0, phase=BACKWARD)
-    return bld.build([ga], fixed=FixedMemory(parameters_bytes=1000), device=DeviceProfile(name="test"),
-                     name="tiny")
-
-
-# recompute a for k: peak 210 B instead of 300 B, +1 s
-RECOMPUTE_PLAN = Schedule([Compute(0), Compute(1), Free(1), Compute(2), Free(2), Compute(0), Compute(3), Free(1),
-                           Free(3)], {"solver": "hand"})
-
-
 @pytest.fixture
-def problem_file(tmp_path):
-    return str(save_problem(fwd_bwd(), tmp_path / "tiny.json"))
+def problem_file(tmp_path, tiny_problem):
+    return str(save_problem(tiny_problem, tmp_path / "tiny.json"))
 
 
 def test_simulate_prints_the_no_remat_numbers(problem_file, capsys):
@@ -50,9 +32,9 @@ def test_simulate_prints_the_no_remat_numbers(problem_file, capsys):
     assert "0 B out, 0 B in" in out
 
 
-def test_simulate_a_plan_with_budget_and_plot(problem_file, tmp_path, capsys):
+def test_simulate_a_plan_with_budget_and_plot(problem_file, tmp_path, capsys, tiny_recompute_plan):
     plan = tmp_path / "plan.json"
-    RECOMPUTE_PLAN.save(plan)
+    tiny_recompute_plan.save(plan)
     png = tmp_path / "timeline.png"
     code = main(["simulate", problem_file, "--plan", str(plan), "--budget", "210", "--plot", str(png)])
     out = capsys.readouterr().out
@@ -84,9 +66,9 @@ def test_simulate_a_remat_graph(remat_graphs_dir, capsys):
     assert "vgg16_b256_train (45 nodes" in out and "relative cost units" in out
 
 
-def test_simulate_reports_a_bad_file(tmp_path, capsys):
+def test_simulate_reports_a_bad_file(tmp_path, capsys, problem_file):
     bad = tmp_path / "bad.json"
-    d = json.loads(open(str(save_problem(fwd_bwd(), tmp_path / "ok.json"))).read())
+    d = json.loads(open(problem_file).read())
     d["nodes"][2]["time_s"] = "slow"
     bad.write_text(json.dumps(d))
     assert main(["simulate", str(bad)]) == 2
@@ -104,10 +86,10 @@ def test_simulate_reports_an_invalid_plan(problem_file, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------ plots
-def test_plot_memory_timeline_of_two_plans(tmp_path):
-    p = fwd_bwd()
+def test_plot_memory_timeline_of_two_plans(tmp_path, tiny_problem, tiny_recompute_plan):
+    p = tiny_problem
     plans = {"no remat": (no_remat_schedule(p), simulate(p)),
-             "recompute a": (RECOMPUTE_PLAN, simulate(p, RECOMPUTE_PLAN))}
+             "recompute a": (tiny_recompute_plan, simulate(p, tiny_recompute_plan))}
     out = plot_memory_timeline(p, plans, tmp_path / "t.png", budget_bytes=250)
     assert out.read_bytes()[:8] == PNG
     # a list and a bare result are accepted too

@@ -32,3 +32,14 @@ def read_problem(args: argparse.Namespace, command: str):
     except OSError as e:
         report_unreadable(command, e)
         return None
+
+
+def check_outputs(*paths: str | None) -> None:
+    """Check every given output path (``None`` skipped) with
+    :func:`libra_opt.atomic.check_writable` before a command does its work;
+    raises :class:`~libra_opt.errors.OutputPathError` (exit status 2)."""
+    from libra_opt.atomic import check_writable
+
+    for p in paths:
+        if p is not None:
+            check_writable(p)

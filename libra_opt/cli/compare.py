@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_problem_arguments, read_problem
+from .common import add_problem_arguments, check_outputs, read_problem
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.solvers import available_solvers
     from libra_opt.units import format_bytes, format_seconds, parse_budget
 
+    check_outputs(args.csv, args.plot)
     try:
         budgets = parse_budget_list(args.budgets)
     except ValueError as e:

@@ -19,6 +19,8 @@ import argparse
 import sys
 import time
 
+from .common import check_outputs
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``demo`` subcommand; returns its parser."""
@@ -50,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt demo``; returns 0, or 1 if the loss check failed."""
     from libra_opt.demo import DemoConfig, run_demo
 
+    check_outputs(args.plot)
     start = time.perf_counter()
     stages = ["build", "profile", "solve", "train", "plot"]
 

@@ -16,6 +16,8 @@ import dataclasses
 import shlex
 import time
 
+from .common import check_outputs
+
 _DTYPES = {"float32": "float32", "fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16"}
 
@@ -76,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.units import format_bytes, format_seconds
     from libra_opt.zoo import build_model
 
+    check_outputs(args.output)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         raise ProfilingError(f"--device {args.device} asked but CUDA is not available; use --device cpu")
     if args.threads is not None and args.threads < 1:

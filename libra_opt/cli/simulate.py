@@ -14,7 +14,7 @@ import sys
 
 from libra_opt.units import budget_from_text
 
-from .common import add_problem_arguments, read_problem, report_unreadable
+from .common import add_problem_arguments, check_outputs, read_problem, report_unreadable
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -40,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.simulator import simulate
     from libra_opt.units import format_bytes, format_seconds, parse_budget
 
+    check_outputs(args.plot)
     problem = read_problem(args, "simulate")
     if problem is None:
         return 2

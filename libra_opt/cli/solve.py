@@ -16,7 +16,7 @@ import argparse
 
 from libra_opt.units import budget_from_text
 
-from .common import add_problem_arguments, read_problem
+from .common import add_problem_arguments, check_outputs, read_problem
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.solvers import get_solver
     from libra_opt.units import format_bytes, format_seconds
 
+    check_outputs(args.output, args.plot)
     problem = read_problem(args, "solve")
     if problem is None:
         return 2

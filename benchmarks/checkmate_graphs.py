@@ -98,7 +98,7 @@ def lp_milp_ratios(rows) -> list[dict]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from libra_opt.cli.compare import parse_budget_list
+    from libra_opt.cli.common import budget_list_arg
     from libra_opt.compare import compare, rows_to_csv, time_limit_options
     from libra_opt.importers import load_problem_any
     from libra_opt.solvers import available_solvers
@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     if not graphs:
         print(f"no graphs found in {args.graphs} (set --graphs or LIBRA_REMAT_GRAPHS)", file=sys.stderr)
         return 2
-    budgets = parse_budget_list(args.budgets)
+    budgets = budget_list_arg(args.budgets)
     solvers = [s.strip() for s in args.solvers.split(",")] if args.solvers else available_solvers()
     options = time_limit_options(solvers, args.time_limit)
 

@@ -54,7 +54,7 @@ def test_simulate_a_plan_with_budget_and_plot(problem_file, tmp_path, capsys):
     plan = tmp_path / "plan.json"
     RECOMPUTE_PLAN.save(plan)
     png = tmp_path / "timeline.png"
-    code = main(["simulate", problem_file, "--plan", str(plan), "--budget", "210", "--plot", str(png)])
+    code = main(["simulate", problem_file, "--plan", str(plan), "--budget", "210B", "--plot", str(png)])
     out = capsys.readouterr().out
     assert code == 0
     assert "(210 bytes) graph memory" in out   # k holds gb + a + ga = 210 B
@@ -64,7 +64,7 @@ def test_simulate_a_plan_with_budget_and_plot(problem_file, tmp_path, capsys):
 
 
 def test_simulate_over_budget_exits_1_naming_the_instruction(problem_file, capsys):
-    assert main(["simulate", problem_file, "--budget", "299"]) == 1
+    assert main(["simulate", problem_file, "--budget", "299B"]) == 1
     captured = capsys.readouterr()
     assert "OVER by" in captured.out
     # the first instruction over 299 B is Compute(h) (index 2 of the no-remat plan: a + b + gb = 300 B)

@@ -440,8 +440,10 @@ def test_cli_solve_and_sweep(tmp_path, capsys):
     assert "evictions" in out and "top" in out
     r = simulate(p, Schedule.load(plan))
     assert r.peak_bytes <= int(0.9 * no_remat_peak(p))
-    assert main(["sweep", str(f), "--budgets", "0.9,0.7,0.05", "--csv"]) == 0
-    rows = capsys.readouterr().out.strip().splitlines()
+    out_csv = tmp_path / "sweep.csv"
+    assert main(["sweep", str(f), "--budgets", "0.9,0.7,0.05", "--csv", str(out_csv)]) == 0
+    assert f"csv:  {out_csv}" in capsys.readouterr().out  # a file path, as in compare --csv
+    rows = out_csv.read_text().strip().splitlines()
     assert rows[0].startswith("budget,") and len(rows) == 4
     assert rows[3].split(",")[2] == "infeasible"
     assert main(["solve", str(f), "--budget", "0.05"]) == 1

@@ -159,12 +159,12 @@ def test_cli_compare_table_csv_plot(problem_file, tmp_path, capsys):
     assert out_png.read_bytes()[:8] == PNG
 
 
-def test_cli_compare_time_limit_and_remat_graph(remat_graphs_dir, capsys):
-    rc = main(["compare", os.path.join(remat_graphs_dir, "vgg16_b256_train.json"), "--budgets", "0.9",
-               "--solvers", "none,chen-greedy", "--time-limit", "5", "--no-progress"])
+def test_cli_compare_time_limit_and_remat_graph(checkmate_graph_file, capsys):
+    rc = main(["compare", checkmate_graph_file, "--budgets", "0.9", "--solvers", "none,chen-greedy",
+               "--time-limit", "5", "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "vgg16_b256_train (45 nodes)" in out and "relative cost units" in out
+    assert "mirror_train (21 nodes)" in out and "relative cost units" in out
     assert "| chen-greedy | feasible |" in out and "| none | infeasible |" in out
 
 

@@ -78,10 +78,10 @@ def test_simulate_relative_budget(problem_file, capsys):
     assert main(["simulate", problem_file, "--budget", "1.0"]) == 0
 
 
-def test_simulate_a_remat_graph(remat_graphs_dir, capsys):
-    assert main(["simulate", os.path.join(remat_graphs_dir, "vgg16_b256_train.json")]) == 0
+def test_simulate_a_remat_graph(checkmate_graph_file, capsys):
+    assert main(["simulate", checkmate_graph_file]) == 0
     out = capsys.readouterr().out
-    assert "vgg16_b256_train (45 nodes" in out and "relative cost units" in out
+    assert "mirror_train (21 nodes" in out and "relative cost units" in out
 
 
 def test_simulate_reports_a_bad_file(tmp_path, capsys):

@@ -24,7 +24,8 @@ from .common import description, positive_int
 
 #: the zoo's names, written out so that --help does not import torch (tests/test_cli_usage.py
 #: checks them against libra_opt.zoo.known_models())
-ZOO_NAMES = "gpt2, gpt2-medium, bert-base, llama, vit-base, resnet50, and each with -tiny"
+ZOO_NAMES = ("gpt2", "gpt2-medium", "bert-base", "llama", "vit-base", "resnet50", "gpt2-tiny", "bert-tiny",
+             "llama-tiny", "vit-tiny", "resnet-tiny")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,7 +34,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "profile", help="capture and profile one training step of a model; write its problem file",
         description=description(__doc__))
     p.add_argument("--model", required=True, metavar="NAME",
-                   help=f"zoo model ({ZOO_NAMES}) or package.module:callable")
+                   help=f"zoo model ({', '.join(ZOO_NAMES)}) or package.module:callable")
     p.add_argument("--batch", required=True, type=positive_int, metavar="N", help="batch size")
     p.add_argument("--seq", type=positive_int, metavar="L",
                    help="sequence length (language models) or image side in pixels (vision); default per model")

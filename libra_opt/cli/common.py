@@ -74,7 +74,7 @@ def budget_list_arg(text: str) -> list:
     :func:`budget_arg` reads it."""
     items = [t.strip() for t in text.split(",")]
     if not any(items):
-        raise argparse.ArgumentTypeError(f"no budgets in {text!r}; write e.g. 0.9,0.8,0.7")
+        raise argparse.ArgumentTypeError(f"empty budget list {text!r}; write e.g. 0.9,0.8,0.7")
     if not all(items):
         raise argparse.ArgumentTypeError(f"empty budget in {text!r}; write e.g. 0.9,0.8,0.7")
     return [budget_arg(t) for t in items]

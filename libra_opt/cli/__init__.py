@@ -37,12 +37,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser with every available subcommand."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The argument parser.  Only the subcommand named in ``argv`` (all of them when ``argv`` is
+    ``None``) gets its full arguments; the others get their one-line help, so that
+    ``libra-opt --help`` imports nothing but the command modules (no numpy, no torch)."""
     parser = _Parser(prog="libra-opt", description="Train PyTorch models in less GPU memory by tensor "
                                                    "rematerialization: profile, plan, simulate, compare.")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = None if argv is None else next((a for a in argv if not a.startswith("-")), "")
     for name, mod in COMMANDS.items():
         try:
             module = importlib.import_module(f"libra_opt.cli.{mod}")
@@ -50,8 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
             if e.name == f"libra_opt.cli.{mod}":
                 continue  # subcommand not present in this build
             raise
-        p = module.add_parser(sub)
-        p.set_defaults(_run=module.run)
+        if chosen is None or chosen == name:
+            p = module.add_parser(sub)
+            p.set_defaults(_run=module.run)
+        else:
+            sub.add_parser(name, help=module.HELP)
     return parser
 
 
@@ -59,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``libra-opt`` console script."""
     from libra_opt.errors import BudgetExceededError, InfeasibleBudgetError, LibraOptError
 
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help (0) or a usage error (2, already printed as one line)

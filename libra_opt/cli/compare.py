@@ -23,10 +23,14 @@ from .common import (BUDGET_HELP, add_problem_arguments, budget_list_arg, descri
                      solver_names_help)
 
 
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "compare solvers over memory budgets: added time, peak, solve time, gap to bound"
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``compare`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "compare", help="compare solvers over memory budgets: added time, peak, solve time, gap to bound",
+        "compare", help=HELP,
         description=description(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p)

@@ -23,17 +23,22 @@ from .common import (BUDGET_HELP, budget_arg, description, nonnegative_float, po
                      solver_names_help)
 
 
+#: the one-line help of the command in ``libra-opt --help``
+HELP = ("end-to-end demo: GPT-2 (random weights) profiled, planned at 50%% and trained; checked against eager "
+        "PyTorch")
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``demo`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "demo", help="end-to-end demo: GPT-2 (random weights) profiled, planned at 50%% and trained; "
-                     "checked against eager PyTorch",
+        "demo", help=HELP,
         description=description(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="NAME",
                    help="zoo name (gpt2, gpt2-medium, bert-base, llama, vit-base, resnet50, *-tiny), 'gpt2-cpu' "
                         "or 'package.module:callable' (default: gpt2 on a GPU, gpt2-cpu on a CPU)")
-    p.add_argument("--batch", type=positive_int, metavar="B", help="batch size (default 8; 4 for a --model of your choice)")
+    p.add_argument("--batch", type=positive_int, metavar="B",
+                   help="batch size (default 8; 4 for a --model of your choice)")
     p.add_argument("--seq", type=positive_int, metavar="L",
                    help="sequence length / image side (default 512 on a GPU, 128 on a CPU)")
     p.add_argument("--budget", default="50%", metavar="B", type=budget_arg, help=BUDGET_HELP + " (default 50%%)")

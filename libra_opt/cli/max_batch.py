@@ -26,10 +26,14 @@ _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat1
            "fp16": "float16", "float16": "float16"}
 
 
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "largest batch that trains under a hard memory cap (OOM-safe search), with samples/s"
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``max-batch`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "max-batch", help="largest batch that trains under a hard memory cap (OOM-safe search), with samples/s",
+        "max-batch", help=HELP,
         description=description(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="NAME",
@@ -38,7 +42,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--memory", required=True, metavar="CAP", help="the memory cap, e.g. 16GiB")
     p.add_argument("--solver", default="libra", metavar="S",
                    help="a solver name (default libra), 'none' (eager PyTorch), 'checkpoint' or 'save-on-cpu'")
-    p.add_argument("--seq", type=positive_int, metavar="L", help="sequence length (language models) / image side (vision)")
+    p.add_argument("--seq", type=positive_int, metavar="L",
+                   help="sequence length (language models) / image side (vision)")
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES), help="parameter dtype (default fp32)")
     p.add_argument("--autocast", default=None, choices=["bf16", "fp16"], help="mixed precision (torch.autocast)")
     p.add_argument("--reserve", default="5%", metavar="R",

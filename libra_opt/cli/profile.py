@@ -28,10 +28,14 @@ ZOO_NAMES = ("gpt2", "gpt2-medium", "bert-base", "llama", "vit-base", "resnet50"
              "llama-tiny", "vit-tiny", "resnet-tiny")
 
 
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "capture and profile one training step of a model; write its problem file"
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``profile`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "profile", help="capture and profile one training step of a model; write its problem file",
+        "profile", help=HELP,
         description=description(__doc__))
     p.add_argument("--model", required=True, metavar="NAME",
                    help=f"zoo model ({', '.join(ZOO_NAMES)}) or package.module:callable")

@@ -15,10 +15,14 @@ import sys
 from .common import BUDGET_HELP, add_problem_arguments, budget_arg, description, read_problem, report_unreadable
 
 
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "simulate a plan on a problem: peak memory, step time, recompute, stalls, swaps"
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``simulate`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "simulate", help="simulate a plan on a problem: peak memory, step time, recompute, stalls, swaps",
+        "simulate", help=HELP,
         description=description(__doc__))
     add_problem_arguments(p)
     p.add_argument("--plan", metavar="PLAN.json",

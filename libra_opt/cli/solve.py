@@ -18,9 +18,13 @@ from .common import (BUDGET_HELP, add_problem_arguments, budget_arg, description
                      solver_names_help)
 
 
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "plan a problem within a memory budget (default solver: libra)"
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``solve`` subcommand; returns its parser."""
-    p = subparsers.add_parser("solve", help="plan a problem within a memory budget (default solver: libra)",
+    p = subparsers.add_parser("solve", help=HELP,
                               description=description(__doc__))
     add_problem_arguments(p)
     p.add_argument("--budget", required=True, metavar="B", type=budget_arg, help=BUDGET_HELP)

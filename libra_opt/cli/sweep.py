@@ -18,9 +18,13 @@ from .common import (BUDGET_HELP, add_problem_arguments, budget_list_arg, descri
                      solver_names_help)
 
 
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "plan a problem for many budgets (libra: one descent)"
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``sweep`` subcommand; returns its parser."""
-    p = subparsers.add_parser("sweep", help="plan a problem for many budgets (libra: one descent)",
+    p = subparsers.add_parser("sweep", help=HELP,
                               description=description(__doc__))
     add_problem_arguments(p)
     p.add_argument("--budgets", required=True, metavar="B1,B2,...", type=budget_list_arg,
@@ -29,7 +33,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"solver name (default libra): {solver_names_help()}")
     p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
                    help="libra only: recompute + swap (default), recompute only, swap only")
-    p.add_argument("--time-limit", type=positive_float, metavar="S", help="solver time limit per solve, seconds > 0")
+    p.add_argument("--time-limit", type=positive_float, metavar="S",
+                   help="solver time limit per solve, seconds > 0")
     p.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
     return p
 

@@ -165,10 +165,16 @@ def parse_bytes(text: str | int) -> int:
         Not a size (a bare number string, a fraction, zero, a negative, NaN,
         infinity, an unknown unit); the message shows the accepted forms.
     """
-    if isinstance(text, float) and not isinstance(text, bool) and float(text).is_integer() and text >= 1:
+    if isinstance(text, float) and not isinstance(text, bool):
+        if not (math.isfinite(text) and text.is_integer() and text >= 1):
+            raise BudgetError(f"not a byte size: {text!r}; write e.g. '16GiB', '800MB' or 1073741824")
         text = int(text)
     if isinstance(text, str) and text.strip().endswith("%"):
         raise BudgetError(f"a byte size cannot be a percentage ({text!r}); write e.g. '16GiB' or '800MB'")
+    if isinstance(text, str) and re.fullmatch(_NUMBER, text.strip(), re.IGNORECASE):
+        num = text.strip()
+        raise BudgetError(f"the byte size {text!r} has no unit: did you mean {num}GiB or {num}MiB? "
+                          f"(or '{num}B' for bytes)")
     kind, value = _classify(text)
     if kind != "bytes":
         raise BudgetError(f"not a byte size: {text!r}; write e.g. '16GiB', '800MB' or 1073741824")

@@ -59,9 +59,11 @@ def test_command_line_numbers_are_fractions_only_up_to_one():
 
 def test_byte_sizes_follow_the_same_forms():
     assert parse_bytes("16GiB") == 16 * GiB and parse_bytes(2048) == 2048
-    for bad in ("16", "50%", 0, "-1G", "nanG"):
+    for bad in ("50%", 0, "-1G", "nanG", 0.5):
         with pytest.raises(BudgetError):
             parse_bytes(bad)
+    with pytest.raises(BudgetError, match="did you mean 16GiB or 16MiB"):
+        parse_bytes("16")
 
 
 @pytest.mark.parametrize("budget", [0, -1, "abc", None, math.nan, "80"])

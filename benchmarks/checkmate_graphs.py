@@ -1,9 +1,8 @@
-"""Every solver on the shared Checkmate / random-layered graphs at 0.9, 0.8, 0.7
+"""Every solver on the external Checkmate / random-layered graphs at 0.9, 0.8, 0.7
 of the no-remat peak.
 
-For each graph in ``../shared/remat-graphs/*.json`` (Checkmate's VGG16,
-ResNet50, MobileNet training graphs and two random layered DAGs, as exported
-by Moccasin), runs :func:`libra_opt.compare.compare` and prints, per graph, a
+For each graph in ``GRAPHS/*.json`` (Checkmate's VGG16, ResNet50, MobileNet
+training graphs and two random layered DAGs, as exported by Moccasin), runs :func:`libra_opt.compare.compare` and prints, per graph, a
 markdown table of status, cost (added compute: simulated step time minus the
 no-remat step, in the graphs' relative cost units), simulated peak and solve
 time.  Then the LP-rounding / MILP ratio of total cost (step time) per
@@ -13,11 +12,21 @@ sec. 6.3), and of added cost.
 Writes ``benchmarks/results/checkmate_graphs.csv`` (every row) and
 ``benchmarks/results/checkmate_lp_milp_ratio.csv``.
 
+Where the graphs come from: the networkx node-link JSON files published with
+Moccasin (Bartan et al., "Moccasin: Efficient Tensor Rematerialization for
+Neural Networks", ICML 2023), which export the Checkmate graphs (Jain et al.,
+MLSys 2020, batch 256 / 512) and random layered graphs (Gagrani et al.,
+NeurIPS 2022, appendix A).  They are GPL-3.0, so they are not in this
+repository: download them and pass their folder as ``GRAPHS``.  Random layered
+graphs of the same kind can be made with :mod:`libra_opt.generators`
+(``--generate 100,250`` writes and runs seeded ones, no download needed).
+
 Usage::
 
-    python benchmarks/checkmate_graphs.py                      # all graphs, all solvers, MILP 60 s
-    python benchmarks/checkmate_graphs.py --time-limit 20 --only vgg16 mobilenet
-    python benchmarks/checkmate_graphs.py --solvers none,chen-sqrt,checkmate-lp --budgets 0.9,0.8
+    python benchmarks/checkmate_graphs.py GRAPHS                 # all graphs, all solvers, MILP 60 s
+    python benchmarks/checkmate_graphs.py GRAPHS --time-limit 20 --only vgg16 mobilenet
+    python benchmarks/checkmate_graphs.py GRAPHS --solvers none,chen-sqrt,checkmate-lp --budgets 0.9,0.8
+    python benchmarks/checkmate_graphs.py --generate 100,250     # generated random layered graphs only
 
 Notes: times in these graphs are relative cost units (profiled on a V100 in
 the original work), treated as seconds; swap costs use the default 55 GB/s
@@ -36,7 +45,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_GRAPHS = os.environ.get("LIBRA_REMAT_GRAPHS", str(ROOT.parent / "shared" / "remat-graphs"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 log = logging.getLogger("checkmate_graphs")
@@ -44,7 +52,10 @@ log = logging.getLogger("checkmate_graphs")
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--graphs", default=DEFAULT_GRAPHS, help=f"folder of node-link graphs (default {DEFAULT_GRAPHS})")
+    p.add_argument("graphs", nargs="?", metavar="GRAPHS",
+                   help="folder of the node-link graphs (Moccasin's export of the Checkmate graphs; see above)")
+    p.add_argument("--generate", metavar="N1,N2,...",
+                   help="also run random layered graphs of these sizes from libra_opt.generators (seed 0)")
     p.add_argument("--only", nargs="*", default=None, metavar="NAME",
                    help="only graphs whose file name contains one of these")
     p.add_argument("--budgets", default="0.9,0.8,0.7", help="fractions of the no-remat peak (default 0.9,0.8,0.7)")
@@ -98,18 +109,31 @@ def lp_milp_ratios(rows) -> list[dict]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from libra_opt.cli.compare import parse_budget_list
+    from libra_opt.cli.common import budget_list_arg
     from libra_opt.compare import compare, rows_to_csv, time_limit_options
     from libra_opt.importers import load_problem_any
     from libra_opt.solvers import available_solvers
 
-    graphs = sorted(Path(args.graphs).glob("*.json"))
+    graphs = sorted(Path(args.graphs).glob("*.json")) if args.graphs else []
     if args.only:
         graphs = [g for g in graphs if any(k in g.name for k in args.only)]
+    if args.generate:
+        import json
+        import tempfile
+
+        from libra_opt.generators import random_layered_graph_dict
+
+        tmp = Path(tempfile.mkdtemp(prefix="random_layered_"))
+        for n in (int(x) for x in args.generate.split(",")):
+            path = tmp / f"random_layered_n{n}_seed0.json"
+            path.write_text(json.dumps(random_layered_graph_dict(n, seed=0)))
+            graphs.append(path)
     if not graphs:
-        print(f"no graphs found in {args.graphs} (set --graphs or LIBRA_REMAT_GRAPHS)", file=sys.stderr)
+        where = f"in {args.graphs}" if args.graphs else "(no GRAPHS folder given)"
+        print(f"no graphs found {where}: pass the folder of Moccasin's node-link graphs (see --help), "
+              f"or --generate 100,250", file=sys.stderr)
         return 2
-    budgets = parse_budget_list(args.budgets)
+    budgets = budget_list_arg(args.budgets)
     solvers = [s.strip() for s in args.solvers.split(",")] if args.solvers else available_solvers()
     options = time_limit_options(solvers, args.time_limit)
 

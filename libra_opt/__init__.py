@@ -12,7 +12,8 @@ Public API (imported lazily, so ``import libra_opt`` stays cheap):
 - :func:`profile` (model) -> :class:`RematProblem`; :func:`capture`
 - :func:`solve`, :func:`solve_many`, :func:`register_solver`, :func:`available_solvers`
 - :func:`simulate`, :class:`Schedule`, :func:`no_remat_schedule`
-- :func:`load_problem`, :func:`save_problem`, :func:`load_remat_graph`
+- :func:`load_problem`, :func:`save_problem`, :func:`load_remat_graph`,
+  :func:`random_layered_graph`
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ _LAZY = {
     "capture": "libra_opt.capture", "profile": "libra_opt.profiling",
     "optimize": "libra_opt.optimize",
     "LibraOptError": "libra_opt.errors", "InfeasibleBudgetError": "libra_opt.errors",
+    "BudgetError": "libra_opt.errors", "MissingExtraError": "libra_opt.errors",
+    "random_layered_graph": "libra_opt.generators",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

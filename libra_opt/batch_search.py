@@ -211,7 +211,7 @@ def _bar(progress, desc: str):
     if progress is True:
         from tqdm.auto import tqdm
 
-        return tqdm(desc=desc, unit="try", leave=True)
+        return tqdm(desc=desc, unit="try", leave=True, disable=None)  # None: off when stderr is no terminal
     if progress:
         return progress
     return None

@@ -69,9 +69,11 @@ class Row:
     best_lower_bound_s : float or None
         The largest lower bound any solver reported at this budget (s).
     gap : float or None
-        ``(time_s - best_lower_bound_s) / best_lower_bound_s``.  A bound is
-        only valid under its solver's model (Checkmate's is recompute-only),
-        so a swapping plan may show a negative gap.
+        ``(time_s - best_lower_bound_s) / best_lower_bound_s``, never
+        negative.  A bound is only valid under its solver's model (Checkmate's
+        is recompute-only), so a plan faster than it (one that swaps) has no
+        gap: ``None``, shown as "bound n/a *" with a footnote by
+        :func:`format_table`.
     min_feasible_bytes : int or None
         For an infeasible row: the smallest budget the solver could meet.
     message : str
@@ -217,8 +219,9 @@ def compare(problem: RematProblem, budgets: Sequence, solvers: Sequence, *,
         made.append((name, inst, reason))
 
     results: dict[tuple[int, int], Row] = {}
-    bar = tqdm(total=len(budget_bytes) * len(made), disable=not progress, desc=problem.name, unit="solve",
-               leave=False)
+    # disable=None: tqdm draws no bar when stderr is not a terminal (logs, CI)
+    bar = tqdm(total=len(budget_bytes) * len(made), disable=None if progress else True, desc=problem.name,
+               unit="solve", leave=False)
     try:
         for j, (name, inst, reason) in enumerate(made):
             for i, b in enumerate(budget_bytes):
@@ -235,8 +238,10 @@ def compare(problem: RematProblem, budgets: Sequence, solvers: Sequence, *,
         best = max(lbs) if lbs else None
         for r in at:
             gap = None
-            if best is not None and best > 0 and r.time_s is not None:
-                gap = (r.time_s - best) / best
+            # a plan faster than the bound is not bounded by it (the bound is of a
+            # recompute-only model): no gap then, never a negative one
+            if best is not None and best > 0 and r.time_s is not None and r.time_s >= best * (1 - 1e-9):
+                gap = max(0.0, (r.time_s - best) / best)
             rows.append(dataclasses.replace(r, best_lower_bound_s=best, gap=gap))
     return rows
 
@@ -312,7 +317,8 @@ def format_table(rows: Iterable[Row]) -> str:
     best lower bound at that budget.  Infeasible rows show the smallest
     budget the solver could meet in the peak column.
     """
-    head = ["budget", "solver", "status", "added", "added %", "peak", "solve time", "gap"]
+    head = ["budget", "solver", "status", "added", "added %", "peak", "solve time", "gap to bound"]
+    unbounded = False
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     for r in rows:
         if r.success:
@@ -322,9 +328,20 @@ def format_table(rows: Iterable[Row]) -> str:
             added = pct = "-"
             peak = (f"needs >= {format_bytes(r.min_feasible_bytes)}" if r.min_feasible_bytes is not None else "-")
         gap = f"{r.gap:.2%}" if r.gap is not None else "-"
+        if r.success and r.gap is None and r.best_lower_bound_s is not None:
+            gap, unbounded = "bound n/a *", True
         solve = format_seconds(r.solve_s) if r.status != UNAVAILABLE else "-"
         lines.append("| " + " | ".join([_fmt_budget(r), r.solver, r.status, added, pct, peak, solve, gap]) + " |")
+    if unbounded:
+        lines.append("")
+        lines.append(UNBOUNDED_NOTE)
     return "\n".join(lines)
+
+
+#: the footnote of a "bound n/a *" gap in :func:`format_table`
+UNBOUNDED_NOTE = ("* bound n/a: this plan is faster than the best lower bound at its budget. That bound is the "
+                  "Checkmate LP/MILP's, which bounds recompute-only plans of its model; a plan that swaps does "
+                  "not obey it, so there is no gap to report.")
 
 
 def plot_rows(rows: Iterable[Row], path: str | os.PathLike, *, title: str | None = None) -> Path:

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from .errors import LibraOptError
-from .units import format_bytes, format_seconds, parse_budget
+from .units import check_budget, format_bytes, format_seconds, parse_budget
 
 if TYPE_CHECKING:  # pragma: no cover
     from .problem import RematProblem
@@ -87,9 +87,9 @@ def gpt2_cpu(batch: int, seq: int | None = None, device: str | torch.device = "c
         ``input_ids`` and ``labels`` of shape ``(batch, seq)``; the loss is
         the model's causal-LM loss.
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from .zoo import ZooModel, _transformers_classes
 
-    from .zoo import ZooModel
+    GPT2Config, GPT2LMHeadModel = _transformers_classes("GPT2Config", "GPT2LMHeadModel")  # noqa: N806
 
     seq = int(seq or 128)
     vocab = 8192
@@ -161,16 +161,30 @@ class DemoConfig:
     rtol: float = 1e-3
     autocast_dtype: torch.dtype | None = None
 
+    def _check(self) -> None:
+        """Raise :class:`LibraOptError` (a ``BudgetError`` for the budget) for
+        a bad option, before anything is built or profiled."""
+        if int(self.steps) < 2:
+            raise LibraOptError(f"--steps must be >= 2 (one warm-up, then timed steps), got {self.steps}")
+        for name in ("batch", "seq"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise LibraOptError(f"--{name} must be an integer >= 1, got {v!r}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise LibraOptError(f"--lr must be a finite number > 0, got {self.lr!r}")
+        if not (math.isfinite(self.rtol) and self.rtol >= 0):
+            raise LibraOptError(f"--rtol must be a finite number >= 0, got {self.rtol!r}")
+        check_budget(self.budget)  # the budget contract, before building or profiling anything
+
     def resolved(self) -> "DemoConfig":
         """A copy with the device, model, batch and seq defaults filled in."""
         dev = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise LibraOptError("--device cuda was given but CUDA is not available; use --device cpu")
         model, batch, seq = default_size(dev)
+        self._check()
         if self.model is not None and self.model != model:
             batch, seq = 4, None  # a model of the user's choice: a small batch, the zoo's default length
-        if int(self.steps) < 2:
-            raise LibraOptError(f"--steps must be >= 2 (one warm-up, then timed steps), got {self.steps}")
         return DemoConfig(model=self.model or model, batch=self.batch or batch,
                           seq=self.seq if self.seq is not None else seq, budget=self.budget, solver=self.solver,
                           steps=int(self.steps), device=str(dev), plot=self.plot, lr=self.lr, seed=self.seed,

@@ -38,6 +38,13 @@ class ScheduleError(LibraOptError, ValueError):
         self.instruction = instruction
 
 
+class BudgetError(LibraOptError, ValueError):
+    """A memory budget or byte size that does not follow the budget contract
+    (DESIGN.md, "The budget contract"): a bare number string, a float above 1,
+    zero, a negative, NaN, infinity or an unknown unit.  The message says what
+    was meant to be written (e.g. "did you mean 80% or 80MiB?")."""
+
+
 class BudgetExceededError(ScheduleError):
     """A schedule's simulated peak is over the memory budget."""
 
@@ -106,3 +113,13 @@ class OutputPathError(LibraOptError, OSError):
     a full disk); the message names the file and what to change.  Nothing is
     left behind: the old file, if any, is unchanged (see
     :mod:`libra_opt.atomic`)."""
+
+
+class MissingExtraError(LibraOptError, ImportError):
+    """An optional dependency is not installed; the message names the
+    ``pip install 'libra-opt[EXTRA]'`` command that installs it.
+    ``extra`` is that extra's name."""
+
+    def __init__(self, message: str, extra: str, name: str | None = None):
+        super().__init__(message, name=name)
+        self.extra = extra

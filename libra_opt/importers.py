@@ -1,7 +1,8 @@
 """Importers of rematerialization instances that other projects published.
 
-:func:`load_remat_graph` reads the networkx node-link JSON graphs of
-``../shared/remat-graphs/`` (see its README) into a :class:`RematProblem`;
+:func:`load_remat_graph` reads networkx node-link JSON graphs (the files
+Moccasin published, see ``benchmarks/README.md``, and those of
+:mod:`libra_opt.generators`) into a :class:`RematProblem`;
 :func:`load_problem_any` reads either such a graph or a libra-opt problem file,
 deciding by content.
 
@@ -44,8 +45,8 @@ How a graph becomes a problem:
 - ``provenance.source == "import"``; ``provenance.extra`` records the file,
   the format and the units.
 
-Source: the file formats as documented in ``../shared/remat-graphs/README.md``;
-parsing with :func:`networkx.node_link_graph`.
+Source: the file formats of the graphs published with Moccasin (Bartan et al.,
+ICML 2023), as described above; parsing with :func:`networkx.node_link_graph`.
 """
 from __future__ import annotations
 
@@ -260,8 +261,8 @@ def load_remat_graph(path: str | os.PathLike, *, bandwidth_bytes_per_s: float | 
     Parameters
     ----------
     path : str or PathLike
-        A ``.json`` (or ``.json.gz``) file, e.g.
-        ``../shared/remat-graphs/vgg16_b256_train.json``.
+        A ``.json`` (or ``.json.gz``) file, e.g. Checkmate's
+        ``vgg16_b256_train.json`` as exported by Moccasin.
     bandwidth_bytes_per_s : float, optional
         Host<->device bandwidth each way, bytes per second (per cost unit);
         the :class:`DeviceProfile` default (55e9) if ``None``.

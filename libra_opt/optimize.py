@@ -97,6 +97,9 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
 
     Raises
     ------
+    BudgetError
+        ``budget`` breaks the budget contract (checked before anything is
+        captured or profiled; a ``LibraOptError`` and a ``ValueError``).
     CaptureError
         The model does not capture as one graph (the message names the break).
     InfeasibleBudgetError
@@ -117,7 +120,9 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     """
     from .runtime.module import OptimizedModule
     from .solvers import solve
+    from .units import check_budget
 
+    check_budget(budget)  # the budget contract, before any capture or profiling
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
     step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)

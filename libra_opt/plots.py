@@ -43,14 +43,15 @@ _BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB",
 
 
 def _matplotlib():
-    import matplotlib
+    from .extras import require
 
-    return matplotlib
+    return require("matplotlib", "plot", "plotting")
 
 
 def _figure(figsize: tuple[float, float]):
     """A figure rendered by the Agg canvas, made without pyplot: no global
     backend switch, no figure registry to leak into."""
+    _matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

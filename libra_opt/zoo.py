@@ -114,9 +114,19 @@ class _Entry:
 
 
 # ------------------------------------------------------------------ builders
+def _transformers_classes(*names: str) -> tuple:
+    """``transformers.<name>`` for each name; raises
+    :class:`~libra_opt.errors.MissingExtraError` (``libra-opt[zoo]``) when
+    ``transformers`` is not installed."""
+    from .extras import require
+
+    transformers = require("transformers", "zoo", "the model zoo")
+    return tuple(getattr(transformers, n) for n in names)
+
+
 def _gpt2(n_layer, n_embd, n_head, vocab, n_positions):
     def build(dropout, seq):
-        from transformers import GPT2Config, GPT2LMHeadModel
+        GPT2Config, GPT2LMHeadModel = _transformers_classes("GPT2Config", "GPT2LMHeadModel")
 
         cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab,
                          n_positions=max(n_positions, seq), resid_pdrop=dropout, embd_pdrop=dropout,
@@ -129,7 +139,7 @@ def _gpt2(n_layer, n_embd, n_head, vocab, n_positions):
 
 def _bert(layers, hidden, heads, intermediate, vocab, max_pos):
     def build(dropout, seq):
-        from transformers import BertConfig, BertForMaskedLM
+        BertConfig, BertForMaskedLM = _transformers_classes("BertConfig", "BertForMaskedLM")
 
         cfg = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                          intermediate_size=intermediate, vocab_size=vocab,
@@ -143,7 +153,7 @@ def _bert(layers, hidden, heads, intermediate, vocab, max_pos):
 
 def _llama(layers, hidden, heads, kv_heads, intermediate, vocab):
     def build(dropout, seq):
-        from transformers import LlamaConfig, LlamaForCausalLM
+        LlamaConfig, LlamaForCausalLM = _transformers_classes("LlamaConfig", "LlamaForCausalLM")
 
         cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                           num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab,
@@ -156,7 +166,7 @@ def _llama(layers, hidden, heads, kv_heads, intermediate, vocab):
 
 def _vit(layers, hidden, heads, intermediate, patch, labels):
     def build(dropout, seq):
-        from transformers import ViTConfig, ViTForImageClassification
+        ViTConfig, ViTForImageClassification = _transformers_classes("ViTConfig", "ViTForImageClassification")
 
         if seq % patch:
             raise ZooError(f"ViT image size {seq} is not a multiple of its patch size {patch}; "
@@ -170,7 +180,8 @@ def _vit(layers, hidden, heads, intermediate, patch, labels):
 
 def _resnet(embedding, hidden_sizes, depths, layer_type, labels):
     def build(dropout, seq):
-        from transformers import ResNetConfig, ResNetForImageClassification
+        ResNetConfig, ResNetForImageClassification = _transformers_classes(  # noqa: N806
+            "ResNetConfig", "ResNetForImageClassification")
 
         cfg = ResNetConfig(embedding_size=embedding, hidden_sizes=list(hidden_sizes), depths=list(depths),
                            layer_type=layer_type, num_labels=labels)

@@ -141,9 +141,16 @@ class CheckmateLPSolver(Solver):
                 c = fitting[0]
                 c.schedule.meta.update({"solver": self.name})
                 why = "the LP is infeasible at this budget" if rr.lp_infeasible else "no rounding of the LP fits"
+                if lp_value_s is None:
+                    bound = "no LP bound"
+                elif setup.coarsened:
+                    bound = f"LP bound {lp_value_s:.6g} s holds for the coarsened graph only"
+                    extras["coarse_lp_value_s"] = lp_value_s
+                else:
+                    bound = f"LP lower bound {lp_value_s:.6g} s"
                 return RawSolution(c.schedule, FEASIBLE, lp_value_s if not setup.coarsened else None,
-                                   f"{why}; returning the {c.name} heuristic plan, which the simulator accepts"
-                                   f"{setup.note()}", dict(extras, heuristic=c.name))
+                                   f"{why}; fell back to the {c.name} heuristic plan, which the simulator "
+                                   f"accepts ({bound}){setup.note()}", dict(extras, heuristic=c.name))
             detail = ("the Checkmate LP relaxation is infeasible at this budget" if rr.lp_infeasible else
                       "no rounding of the Checkmate LP fits this budget; checkmate-milp may find a plan")
             raise setup.infeasible(budget_bytes, heur + ([rr.lowest] if rr.lowest is not None else []), detail)

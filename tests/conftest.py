@@ -1,11 +1,40 @@
 """Shared pytest setup: skip tests marked ``cuda`` when no CUDA GPU is present; the
-``one_intra_op_thread`` fixture for modules that run many tiny eager ops."""
-import os
+``one_intra_op_thread`` fixture for modules that run many tiny eager ops; node-link graph
+files written by the tests themselves (``checkmate_graph_file``, ``layered_graph_file``),
+so that a clone of the repository is all the suite needs."""
+import json
 
 import pytest
 
-REMAT_GRAPHS = os.environ.get("LIBRA_REMAT_GRAPHS",
-                              os.path.join(os.path.dirname(__file__), "..", "..", "shared", "remat-graphs"))
+MiB = 2**20
+#: forward output sizes (MiB) of the mirrored Checkmate-format graph: two large early layers,
+#: like VGG's first block, so the smallest feasible budget (the working set of one backward op)
+#: is below the no-remat peak
+MIRRORED_SIZES_MIB = (12, 12, 6, 6, 4, 4, 4, 4, 2, 2)
+
+
+def mirrored_checkmate_graph(sizes=MIRRORED_SIZES_MIB, name="mirror_256_(32, 32)_train") -> dict:
+    """A training graph in Checkmate's node-link format (fields ``id``, ``name``, ``backward``,
+    ``cost_cpu``, ``cost_ram``): a chain of forward layers ``f0..f{k-1}`` (output ``sizes[i]`` MiB,
+    cost 3 for the first two, 2 after), a loss, and a backward half that mirrors it: ``f{i}_backward``
+    reads the gradient from above, ``f{i}`` and ``f{i-1}`` and writes the gradient of its input."""
+    k = len(sizes)
+    costs = [3.0, 3.0] + [2.0] * (k - 2)
+    nodes, links = [], []
+    for i in range(k):
+        nodes.append(dict(id=i, name=f"f{i}", backward=False, cost_cpu=costs[i], cost_ram=sizes[i] * MiB))
+        if i:
+            links.append((i - 1, i))
+    nodes.append(dict(id=k, name="loss", backward=False, cost_cpu=1.0, cost_ram=4))
+    links.append((k - 1, k))
+    back = {}
+    for j, i in enumerate(range(k - 1, -1, -1)):
+        nid = back[i] = k + 1 + j
+        nodes.append(dict(id=nid, name=f"f{i}_backward", backward=True, cost_cpu=2 * costs[i],
+                          cost_ram=sizes[max(i - 1, 0)] * MiB))
+        links += [(k if i == k - 1 else back[i + 1], nid), (i, nid)] + ([(i - 1, nid)] if i else [])
+    return {"directed": True, "multigraph": False, "graph": {"name": name},
+            "nodes": nodes, "links": [{"source": s, "target": t} for s, t in links]}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -20,12 +49,22 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
-def remat_graphs_dir():
-    """The folder of external instances (../shared/remat-graphs); skips if absent."""
-    d = os.path.abspath(REMAT_GRAPHS)
-    if not os.path.isdir(d):
-        pytest.skip(f"remat-graphs not found at {d}; set LIBRA_REMAT_GRAPHS")
-    return d
+def checkmate_graph_file(tmp_path):
+    """A :func:`mirrored_checkmate_graph` written as node-link JSON; returns its path (str)."""
+    path = tmp_path / "mirror_train.json"
+    path.write_text(json.dumps(mirrored_checkmate_graph()))
+    return str(path)
+
+
+@pytest.fixture
+def layered_graph_file(tmp_path):
+    """A random layered graph of :mod:`libra_opt.generators` (100 nodes, seed 0) written as
+    node-link JSON; returns its path (str)."""
+    from libra_opt.generators import random_layered_graph_dict
+
+    path = tmp_path / "random_layered_n100.json"
+    path.write_text(json.dumps(random_layered_graph_dict(100, seed=0)))
+    return str(path)
 
 
 @pytest.fixture(scope="module")

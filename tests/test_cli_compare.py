@@ -1,13 +1,14 @@
 """The comparison harness (libra_opt.compare) and ``libra-opt compare``."""
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 
 import pytest
 
 from libra_opt.cli import main
-from libra_opt.cli.compare import parse_budget_list
+from libra_opt.cli.common import budget_list_arg
 from libra_opt.compare import ERROR, UNAVAILABLE, compare, format_table, rows_to_csv, time_limit_options
 from libra_opt.errors import SolverNotFoundError
 from libra_opt.problem import BACKWARD, ProblemBuilder
@@ -130,10 +131,12 @@ def test_csv_and_table(tmp_path):
     assert "needs >= 91 B" in table[4]
 
 
-def test_parse_budget_list():
-    assert parse_budget_list("0.9, 80%,12GiB,1000000,1.0") == [0.9, "80%", "12GiB", 1000000, 1.0]
-    with pytest.raises(ValueError, match="empty budget"):
-        parse_budget_list("0.9,,0.7")
+def test_budget_list_arg():
+    assert budget_list_arg("0.9, 80%,12GiB,1000000B,1.0,1") == [0.9, "80%", "12GiB", "1000000B", 1.0, 1.0]
+    with pytest.raises(argparse.ArgumentTypeError, match="empty budget"):
+        budget_list_arg("0.9,,0.7")
+    with pytest.raises(argparse.ArgumentTypeError, match="did you mean 1000000% or 1000000MiB"):
+        budget_list_arg("0.9,1000000")
 
 
 # ---------------------------------------------------------------------- CLI
@@ -144,7 +147,7 @@ def problem_file(tmp_path):
 
 def test_cli_compare_table_csv_plot(problem_file, tmp_path, capsys):
     out_csv, out_png = tmp_path / "out.csv", tmp_path / "out.png"
-    rc = main(["compare", problem_file, "--budgets", "1.0,60,40%", "--solvers", "none,chen-sqrt,swap-all",
+    rc = main(["compare", problem_file, "--budgets", "1.0,60B,40%", "--solvers", "none,chen-sqrt,swap-all",
                "--csv", str(out_csv), "--plot", str(out_png), "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -156,12 +159,12 @@ def test_cli_compare_table_csv_plot(problem_file, tmp_path, capsys):
     assert out_png.read_bytes()[:8] == PNG
 
 
-def test_cli_compare_time_limit_and_remat_graph(remat_graphs_dir, capsys):
-    rc = main(["compare", os.path.join(remat_graphs_dir, "vgg16_b256_train.json"), "--budgets", "0.9",
-               "--solvers", "none,chen-greedy", "--time-limit", "5", "--no-progress"])
+def test_cli_compare_time_limit_and_remat_graph(checkmate_graph_file, capsys):
+    rc = main(["compare", checkmate_graph_file, "--budgets", "0.9", "--solvers", "none,chen-greedy",
+               "--time-limit", "5", "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "vgg16_b256_train (45 nodes)" in out and "relative cost units" in out
+    assert "mirror_train (21 nodes)" in out and "relative cost units" in out
     assert "| chen-greedy | feasible |" in out and "| none | infeasible |" in out
 
 

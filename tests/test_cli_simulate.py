@@ -36,7 +36,7 @@ def test_simulate_a_plan_with_budget_and_plot(problem_file, tmp_path, capsys, ti
     plan = tmp_path / "plan.json"
     tiny_recompute_plan.save(plan)
     png = tmp_path / "timeline.png"
-    code = main(["simulate", problem_file, "--plan", str(plan), "--budget", "210", "--plot", str(png)])
+    code = main(["simulate", problem_file, "--plan", str(plan), "--budget", "210B", "--plot", str(png)])
     out = capsys.readouterr().out
     assert code == 0
     assert "(210 bytes) graph memory" in out   # k holds gb + a + ga = 210 B
@@ -46,7 +46,7 @@ def test_simulate_a_plan_with_budget_and_plot(problem_file, tmp_path, capsys, ti
 
 
 def test_simulate_over_budget_exits_1_naming_the_instruction(problem_file, capsys):
-    assert main(["simulate", problem_file, "--budget", "299"]) == 1
+    assert main(["simulate", problem_file, "--budget", "299B"]) == 1
     captured = capsys.readouterr()
     assert "OVER by" in captured.out
     # the first instruction over 299 B is Compute(h) (index 2 of the no-remat plan: a + b + gb = 300 B)
@@ -60,10 +60,10 @@ def test_simulate_relative_budget(problem_file, capsys):
     assert main(["simulate", problem_file, "--budget", "1.0"]) == 0
 
 
-def test_simulate_a_remat_graph(remat_graphs_dir, capsys):
-    assert main(["simulate", os.path.join(remat_graphs_dir, "vgg16_b256_train.json")]) == 0
+def test_simulate_a_remat_graph(checkmate_graph_file, capsys):
+    assert main(["simulate", checkmate_graph_file]) == 0
     out = capsys.readouterr().out
-    assert "vgg16_b256_train (45 nodes" in out and "relative cost units" in out
+    assert "mirror_train (21 nodes" in out and "relative cost units" in out
 
 
 def test_simulate_reports_a_bad_file(tmp_path, capsys, problem_file):

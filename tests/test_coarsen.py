@@ -62,8 +62,6 @@ def gpt2_tiny():
     from libra_opt.problem_io import load_problem
 
     path = os.path.join(HERE, "..", "problems", "gpt2-tiny-b2-s32-cpu.json.gz")
-    if not os.path.exists(path):
-        pytest.skip("problems/gpt2-tiny-b2-s32-cpu.json.gz not found")
     return load_problem(path)
 
 

@@ -1,5 +1,6 @@
-"""Importers of external graphs (:mod:`libra_opt.importers`) on the shared
-files of ../shared/remat-graphs (README table) and on small hand-made graphs."""
+"""Importers of external graphs (:mod:`libra_opt.importers`) on node-link files the tests
+write themselves (a mirrored Checkmate-format training graph from conftest.py and random layered
+graphs of :mod:`libra_opt.generators`) and on small hand-made graphs."""
 from __future__ import annotations
 
 import json
@@ -8,22 +9,21 @@ import os
 
 import pytest
 
+from conftest import MIRRORED_SIZES_MIB, mirrored_checkmate_graph
 from libra_opt.bounds import memory_lower_bound
 from libra_opt.errors import ProblemError, ProblemFileError
+from libra_opt.generators import random_layered_graph, random_layered_graph_dict
 from libra_opt.importers import load_problem_any, load_remat_graph
 from libra_opt.problem import BACKWARD, FORWARD
 from libra_opt.problem_io import load_problem, save_problem
 from libra_opt.simulator import simulate
 
-# (file, nodes, edges) from ../shared/remat-graphs/README.md
-README_TABLE = [
-    ("vgg16_b256_train.json", 45, 87),
-    ("resnet50_b256_train.json", 353, 751),
-    ("mobilenet_b512_train.json", 185, 367),
-    ("random_layered_n100.json", 100, 236),
-    ("random_layered_n250.json", 250, 944),
-]
-CHECKMATE_FILES = [f for f, _, _ in README_TABLE if not f.startswith("random")]
+#: name -> node-link object; the edge count of each is its number of links
+GRAPHS = {
+    "mirror_train.json": lambda: mirrored_checkmate_graph(),
+    "random_layered_n60.json": lambda: random_layered_graph_dict(60, seed=3),
+    "random_layered_n150.json": lambda: random_layered_graph_dict(150, width=0.43, seed=4),
+}
 
 
 def raw(path):
@@ -31,9 +31,18 @@ def raw(path):
         return json.load(f)
 
 
-@pytest.mark.parametrize("filename, n_nodes, n_edges", README_TABLE, ids=[r[0] for r in README_TABLE])
-def test_shared_graph_counts_match_the_readme(remat_graphs_dir, filename, n_nodes, n_edges):
-    p = load_remat_graph(os.path.join(remat_graphs_dir, filename))
+def written(tmp_path, filename):
+    d = GRAPHS[filename]()
+    path = tmp_path / filename
+    path.write_text(json.dumps(d))
+    return str(path), d
+
+
+@pytest.mark.parametrize("filename", list(GRAPHS))
+def test_graph_counts_match_the_file(tmp_path, filename):
+    path, d = written(tmp_path, filename)
+    p = load_remat_graph(path)
+    n_nodes, n_edges = len(d["nodes"]), len(d["links"])
     assert len(p.nodes) == n_nodes and len(p.tensors) == n_nodes
     # one tensor per node, read by each successor: the consumer lists are the edges
     assert sum(len(t.consumers) for t in p.tensors) == n_edges
@@ -46,11 +55,11 @@ def test_shared_graph_counts_match_the_readme(remat_graphs_dir, filename, n_node
     assert 0 < memory_lower_bound(p) <= r.peak_bytes
 
 
-def test_vgg16_has_45_nodes_and_mirrors_forward_and_backward(remat_graphs_dir):
-    path = os.path.join(remat_graphs_dir, "vgg16_b256_train.json")
+def test_checkmate_graph_mirrors_forward_and_backward(checkmate_graph_file):
+    path = checkmate_graph_file
     p = load_remat_graph(path)
     d = raw(path)
-    assert len(p.nodes) == 45
+    assert len(p.nodes) == 2 * len(MIRRORED_SIZES_MIB) + 1
     by_id = {n["id"]: n for n in d["nodes"]}
     for node in p.nodes:  # node ids are the eager order
         src = by_id[node.id]
@@ -62,17 +71,16 @@ def test_vgg16_has_45_nodes_and_mirrors_forward_and_backward(remat_graphs_dir):
     phases = [n.phase for n in p.nodes]
     assert phases == sorted(phases, key=lambda ph: ph == BACKWARD)
     assert p.boundary == sum(not n["backward"] for n in d["nodes"])
-    assert p.provenance.batch == 256
+    assert p.provenance.batch == 256  # from the name, Checkmate's "<model>_<batch>_(h, w)_train"
     # the edges of the file are exactly the inputs of the problem
     edges = {(e["source"], e["target"]) for e in d["links"]}
     assert {(i, n.id) for n in p.nodes for i in n.inputs} == edges
 
 
-@pytest.mark.parametrize("filename", ["random_layered_n100.json", "random_layered_n250.json"])
-def test_random_layered_graph_follows_the_graph_order(remat_graphs_dir, filename):
-    path = os.path.join(remat_graphs_dir, filename)
+@pytest.mark.parametrize("filename", ["random_layered_n60.json", "random_layered_n150.json"])
+def test_random_layered_graph_follows_the_graph_order(tmp_path, filename):
+    path, d = written(tmp_path, filename)
     p = load_remat_graph(path)
-    d = raw(path)
     order = d["graph"]["order"]
     by_name = {n["name"]: n for n in d["nodes"]}
     assert [n.name for n in p.nodes] == [f"n{k}" for k in order]
@@ -87,21 +95,59 @@ def test_random_layered_graph_follows_the_graph_order(remat_graphs_dir, filename
     assert p.boundary == len(p.nodes)
 
 
-def test_bandwidth_sets_the_device(remat_graphs_dir):
-    p = load_remat_graph(os.path.join(remat_graphs_dir, "vgg16_b256_train.json"), bandwidth_bytes_per_s=1e6)
+def test_bandwidth_sets_the_device(checkmate_graph_file):
+    p = load_remat_graph(checkmate_graph_file, bandwidth_bytes_per_s=1e6)
     assert p.device.h2d_bytes_per_s == 1e6 == p.device.d2h_bytes_per_s
     with pytest.raises(ProblemError, match="bandwidth"):
-        load_remat_graph(os.path.join(remat_graphs_dir, "vgg16_b256_train.json"), bandwidth_bytes_per_s=-1)
+        load_remat_graph(checkmate_graph_file, bandwidth_bytes_per_s=-1)
 
 
-@pytest.mark.parametrize("filename", [f for f, _, _ in README_TABLE])
-def test_load_problem_any_dispatches_and_round_trips(remat_graphs_dir, tmp_path, filename):
-    p = load_problem_any(os.path.join(remat_graphs_dir, filename))
+@pytest.mark.parametrize("filename", list(GRAPHS))
+def test_load_problem_any_dispatches_and_round_trips(tmp_path, filename):
+    path, _ = written(tmp_path, filename)
+    p = load_problem_any(path)
     saved = save_problem(p, tmp_path / "p.json.gz")
     q = load_problem_any(saved)
     assert q.nodes == p.nodes and q.tensors == p.tensors and q.outputs == p.outputs
     assert q.provenance == p.provenance and q.device == p.device and q.fixed == p.fixed
     assert load_problem(saved).name == p.name
+
+
+# ---------------------------------------------------------------- the generator
+def test_generator_is_seeded_layered_and_documented():
+    """Same seed, same graph; another seed, another graph; every edge runs from a layer to a
+    later one (the ``order`` is layer by layer), skip edges are about ``skip_density`` of all edges,
+    and every node lies on a path from the source to the sink."""
+    import networkx as nx
+
+    a = random_layered_graph_dict(120, seed=7)
+    assert a == random_layered_graph_dict(120, seed=7)
+    assert a != random_layered_graph_dict(120, seed=8)
+    g = nx.DiGraph([(e["0"], e["1"]) for e in a["links"]])
+    assert nx.is_directed_acyclic_graph(g) and g.number_of_nodes() == 120
+    src, dst = a["graph"]["source_node"], a["graph"]["target_node"]
+    assert set(nx.descendants(g, src)) | {src} == set(g.nodes) == set(nx.ancestors(g, dst)) | {dst}
+    pos = {v: k for k, v in enumerate(a["graph"]["order"])}
+    assert all(pos[u] < pos[v] for u, v in g.edges)
+    depth = {}
+    for v in a["graph"]["order"]:  # longest-path layer of each node
+        depth[v] = max((depth[u] + 1 for u in g.predecessors(v)), default=0)
+    skips = sum(depth[v] - depth[u] > 1 for u, v in g.edges)
+    assert 0.05 < skips / g.number_of_edges() < 0.3
+    assert all(n["out_cost"] >= 10 and n["out_cost"] % 10 == 0 and 0 <= n["duration"] <= 1000 for n in a["nodes"])
+    p = random_layered_graph(120, seed=7)
+    assert len(p.nodes) == 120 and p.boundary == len(p.nodes) and p.name == a["graph"]["name"]
+    assert p.total_compute_s == sum(n["duration"] for n in a["nodes"])
+
+
+@pytest.mark.parametrize("bad, word", [(dict(n=2), "n must"), (dict(n=10.5), "n must"), (dict(width=0), "width"),
+                                       (dict(edge_density=1.5), "edge_density"), (dict(skip_density=0.95), "skip"),
+                                       (dict(width_variation=-0.1), "width_variation"),
+                                       (dict(max_duration=-1), "max_duration"),
+                                       (dict(mean_out_bytes=float("nan")), "mean_out_bytes")])
+def test_generator_rejects_bad_parameters(bad, word):
+    with pytest.raises(ProblemError, match=word):
+        random_layered_graph(**(dict(n=50) | bad))
 
 
 # ---------------------------------------------------------------- hand-made graphs

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libra_opt.errors import InfeasibleBudgetError, SolverError
+from libra_opt.generators import random_layered_graph
 from libra_opt.lowering import Eviction, Policy, default_windows, lower
 from libra_opt.problem import BACKWARD, DeviceProfile, ProblemBuilder
 from libra_opt.schedule import Op, Schedule
@@ -170,13 +171,11 @@ def test_sweep_equals_single_budget_solves(policy, seed):
 
 
 @pytest.mark.parametrize("policy", ["hybrid", "recompute"])
-def test_sweep_equals_single_budget_solves_with_repairs(policy, remat_graphs_dir):
-    """On Checkmate's random layered graph some budgets need repairs against the simulated
-    timeline (hybrid at 0.7), early regenerations and the fallback descent (recompute at 0.8):
-    the sweep, whose descents go on to lower budgets, still equals single solves."""
-    from libra_opt.importers import load_remat_graph
-
-    p = load_remat_graph(f"{remat_graphs_dir}/random_layered_n100.json")
+def test_sweep_equals_single_budget_solves_with_repairs(policy):
+    """On a random layered graph (Gagrani et al.; seed 8) some budgets need repairs against the
+    simulated timeline (hybrid), early regenerations and the fallback descent (recompute): the
+    sweep, whose descents go on to lower budgets, still equals single solves."""
+    p = random_layered_graph(100, seed=8)
     solver = get_solver("libra", policy=policy)
     fractions = [0.95, 0.9, 0.8, 0.7, 0.6]
     many = solver.solve_many(p, fractions)
@@ -328,12 +327,11 @@ def test_estimate_matches_the_simulator_with_retentions(seed):
     assert (tl.peak()[0], tl.added_s()) == pytest.approx(before[:2]) and np.array_equal(tl.C, before[2])
 
 
-def test_retention_lowers_single_phase_cost(remat_graphs_dir):
-    """On Checkmate's random layered graph at 0.8 of its peak, keeping chain inputs resident
-    (Checkmate's S) cuts the recompute-only plan's added compute; the plan passes the simulator."""
-    from libra_opt.importers import load_remat_graph
-
-    p = load_remat_graph(f"{remat_graphs_dir}/random_layered_n100.json")
+def test_retention_lowers_single_phase_cost():
+    """On a random layered graph (Gagrani et al.; seed 0) at 0.8 of its peak, keeping chain inputs
+    resident (Checkmate's S) cuts the recompute-only plan's added compute; the plan passes the
+    simulator."""
+    p = random_layered_graph(100, seed=0)
     off = solve(p, 0.8, policy="recompute", retain=False)
     on = solve(p, 0.8, policy="recompute")
     assert_valid(p, off)
@@ -369,15 +367,13 @@ def test_estimate_matches_the_simulator_with_early_regeneration(seed):
     assert tl.added_s() == pytest.approx(sim.added_s, abs=1e-9)
 
 
-def test_early_regeneration_on_a_single_phase_graph(remat_graphs_dir):
-    """On Checkmate's random layered graph at 0.9, regenerating a storage before the peak instead
-    of at its use (where its chain would make a new peak) gives a cheaper plan; at 0.8, where the
-    descent with early regenerations stops short, the fallback descent without them still plans."""
-    from libra_opt.importers import load_remat_graph
-
-    p = load_remat_graph(f"{remat_graphs_dir}/random_layered_n100.json")
-    off = solve(p, 0.9, policy="recompute", early=False)
-    on = solve(p, 0.9, policy="recompute")
+def test_early_regeneration_on_a_single_phase_graph():
+    """On a random layered graph (Gagrani et al.; seed 0) at 0.85, regenerating a storage before
+    the peak instead of at its use (where its chain would make a new peak) gives a cheaper plan;
+    at 0.8 the descent still plans."""
+    p = random_layered_graph(100, seed=0)
+    off = solve(p, 0.85, policy="recompute", early=False)
+    on = solve(p, 0.85, policy="recompute")
     assert_valid(p, off)
     assert_valid(p, on)
     assert on.schedule.meta.get("early") and not off.schedule.meta.get("early")
@@ -418,10 +414,8 @@ def test_max_steps_zero_keeps_everything_or_fails():
         solve(p, 61, max_steps=0)
 
 
-def test_remat_graph_single_phase(remat_graphs_dir):
-    from libra_opt.importers import load_remat_graph
-
-    p = load_remat_graph(f"{remat_graphs_dir}/random_layered_n100.json")
+def test_remat_graph_single_phase():
+    p = random_layered_graph(100, seed=0)
     r = solve(p, 0.9, policy="recompute")
     assert_valid(p, r)
     assert r.extras["decisions"]
@@ -440,8 +434,10 @@ def test_cli_solve_and_sweep(tmp_path, capsys):
     assert "evictions" in out and "top" in out
     r = simulate(p, Schedule.load(plan))
     assert r.peak_bytes <= int(0.9 * no_remat_peak(p))
-    assert main(["sweep", str(f), "--budgets", "0.9,0.7,0.05", "--csv"]) == 0
-    rows = capsys.readouterr().out.strip().splitlines()
+    out_csv = tmp_path / "sweep.csv"
+    assert main(["sweep", str(f), "--budgets", "0.9,0.7,0.05", "--csv", str(out_csv)]) == 0
+    assert f"csv:  {out_csv}" in capsys.readouterr().out  # a file path, as in compare --csv
+    rows = out_csv.read_text().strip().splitlines()
     assert rows[0].startswith("budget,") and len(rows) == 4
     assert rows[3].split(",")[2] == "infeasible"
     assert main(["solve", str(f), "--budget", "0.05"]) == 1

@@ -73,7 +73,7 @@ def unet_instance():
     return mirrored(fwd, "unet", sizes, times)
 
 
-@pytest.fixture(params=["chain", "unet", "vgg16"])
+@pytest.fixture(params=["chain", "unet", "checkmate-graph"])
 def instance(request):
     if request.param == "chain":
         return chain_instance()
@@ -81,8 +81,7 @@ def instance(request):
         return unet_instance()
     from libra_opt.importers import load_problem_any
 
-    d = request.getfixturevalue("remat_graphs_dir")
-    return load_problem_any(os.path.join(d, "vgg16_b256_train.json"))
+    return load_problem_any(request.getfixturevalue("checkmate_graph_file"))
 
 
 _cache: dict = {}

@@ -3,7 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
+import re
 import sys
+
+
+def description(doc: str | None) -> str | None:
+    """A command's ``--help`` description: its module docstring after the
+    first paragraph, without reStructuredText markup (````x````,
+    ``:func:`x```, ``**x**``)."""
+    if not doc or "\n\n" not in doc:
+        return None
+    text = doc.split("\n\n", 1)[1]
+    text = re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", text)
+    text = text.replace("``", "").replace("**", "")
+    return text
 
 
 def add_problem_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,3 +57,80 @@ def check_outputs(*paths: str | None) -> None:
     for p in paths:
         if p is not None:
             check_writable(p)
+
+
+# ------------------------------------------------------------ argument types
+# argparse calls these on the text; ArgumentTypeError becomes a one-line usage
+# error with exit status 2, before any file is read or any model profiled.
+#: the --budget help of every command
+BUDGET_HELP = ("graph-memory budget: 60%% or 0.6 (of the no-remat peak), 12GiB, 800MB or 1000000B; a bare "
+               "number above 1 is rejected")
+
+
+def budget_arg(text: str):
+    """``--budget``: the budget contract (:mod:`libra_opt.units`); returns a
+    float fraction for ``0.6`` / ``1``, else the string."""
+    from libra_opt.units import budget_from_text, check_budget
+
+    value = budget_from_text(text)
+    try:
+        check_budget(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return value
+
+
+def budget_list_arg(text: str) -> list:
+    """``--budgets 0.9,80%,12GiB``: comma-separated budgets, each as
+    :func:`budget_arg` reads it."""
+    items = [t.strip() for t in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"empty budget list {text!r}; write e.g. 0.9,0.8,0.7")
+    if not all(items):
+        raise argparse.ArgumentTypeError(f"empty budget in {text!r}; write e.g. 0.9,0.8,0.7")
+    return [budget_arg(t) for t in items]
+
+
+def _finite(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(v):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0 (seconds, a learning rate)."""
+    v = _finite(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return v
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (a tolerance)."""
+    v = _finite(text)
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a batch size, a sequence length, a step count)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def solver_names_help() -> str:
+    """The registered solver names, for ``--help`` (from the registry:
+    built-ins, then registered and plug-in solvers)."""
+    from libra_opt.solvers import available_solvers
+
+    return ", ".join(available_solvers())

@@ -5,7 +5,8 @@ status, added step time (seconds and % of the no-remat step), simulated peak,
 solve time, and the gap to the best lower bound any solver reported at that
 budget.  Every plan in the table was accepted by the simulator within its
 budget.  ``FILE`` is a libra-opt problem JSON or a networkx node-link remat
-graph (``../shared/remat-graphs/``; times there are relative cost units).
+graph such as Checkmate's (times there are relative cost units; see
+benchmarks/README.md for where to get them).
 
 Budgets: fractions of the no-remat peak (``0.8``), percentages (``80%``) or
 sizes (``12GiB``, ``1500000000``), comma-separated.  Solvers: registered names,
@@ -18,58 +19,31 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import add_problem_arguments, check_outputs, read_problem
+from .common import (BUDGET_HELP, add_problem_arguments, budget_list_arg, check_outputs, description,
+                     positive_float, read_problem, solver_names_help)
+
+
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "compare solvers over memory budgets: added time, peak, solve time, gap to bound"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``compare`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "compare", help="compare solvers over memory budgets: added time, peak, solve time, gap to bound",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        "compare", help=HELP,
+        description=description(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_problem_arguments(p)
-    p.add_argument("--budgets", default="0.9,0.8,0.7", metavar="B1,B2,...",
-                   help="memory budgets: fractions (0.8), percentages (80%%) or sizes (12GiB); "
-                        "default 0.9,0.8,0.7")
+    p.add_argument("--budgets", default=[0.9, 0.8, 0.7], metavar="B1,B2,...", type=budget_list_arg,
+                   help="comma-separated budgets (default 0.9,0.8,0.7), each a " + BUDGET_HELP)
     p.add_argument("--solvers", default=None, metavar="S1,S2,...",
-                   help="solver names, comma-separated (default: every registered solver)")
+                   help=f"solver names, comma-separated (default: all): {solver_names_help()}")
     p.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
     p.add_argument("--plot", metavar="OUT.png", help="plot added time against budget, one curve per solver")
-    p.add_argument("--time-limit", type=float, metavar="S",
-                   help="seconds per solve, for solvers with a time limit (checkmate-milp)")
+    p.add_argument("--time-limit", type=positive_float, metavar="S",
+                   help="seconds > 0 per solve, for solvers with a time limit (checkmate-milp)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
-
-
-def parse_budget_list(text: str) -> list:
-    """``"0.9,80%,12GiB,1000000"`` -> ``[0.9, "80%", "12GiB", 1000000]``.
-
-    A plain number in ``(0, 1]`` written with a decimal point is a fraction of
-    the no-remat peak; a plain integer is bytes; anything else is passed to
-    :func:`~libra_opt.units.parse_budget` as written.
-
-    Raises
-    ------
-    ValueError
-        An empty list or an empty item.
-    """
-    out: list = []
-    for item in text.split(","):
-        t = item.strip()
-        if not t:
-            raise ValueError(f"empty budget in {text!r}; write e.g. 0.9,0.8,0.7")
-        try:
-            v = float(t)
-        except ValueError:
-            out.append(t)
-            continue
-        if t.isdigit():
-            out.append(int(t))
-        elif 0 < v <= 1:
-            out.append(v)
-        else:
-            out.append(t)
-    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -77,14 +51,10 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.compare import compare, format_table, plot_rows, rows_to_csv, time_limit_options
     from libra_opt.simulator import no_remat_peak
     from libra_opt.solvers import available_solvers
-    from libra_opt.units import format_bytes, format_seconds, parse_budget
+    from libra_opt.units import format_bytes, format_seconds
 
     check_outputs(args.csv, args.plot)
-    try:
-        budgets = parse_budget_list(args.budgets)
-    except ValueError as e:
-        print(f"libra-opt compare: error: --budgets: {e}", file=sys.stderr)
-        return 2
+    budgets = args.budgets
     solvers = [s.strip() for s in args.solvers.split(",") if s.strip()] if args.solvers else available_solvers()
     if not solvers:
         print("libra-opt compare: error: --solvers is empty", file=sys.stderr)
@@ -93,12 +63,6 @@ def run(args: argparse.Namespace) -> int:
     if problem is None:
         return 2
     peak = no_remat_peak(problem)
-    try:
-        for b in budgets:
-            parse_budget(b, peak)
-    except ValueError as e:
-        print(f"libra-opt compare: error: --budgets: {e}", file=sys.stderr)
-        return 2
 
     rows = compare(problem, budgets, solvers, solver_options=time_limit_options(solvers, args.time_limit),
                    progress=not args.no_progress)

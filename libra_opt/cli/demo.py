@@ -19,33 +19,45 @@ import argparse
 import sys
 import time
 
-from .common import check_outputs
+from .common import (BUDGET_HELP, budget_arg, check_outputs, description, nonnegative_float, positive_float,
+                     positive_int, solver_names_help)
+
+
+#: the one-line help of the command in ``libra-opt --help``
+HELP = ("end-to-end demo: GPT-2 (random weights) profiled, planned at 50%% and trained; checked against eager "
+        "PyTorch")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``demo`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "demo", help="end-to-end demo: GPT-2 (random weights) profiled, planned at 50%% and trained; "
-                     "checked against eager PyTorch",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        "demo", help=HELP,
+        description=description(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", metavar="NAME",
                    help="zoo name (gpt2, gpt2-medium, bert-base, llama, vit-base, resnet50, *-tiny), 'gpt2-cpu' "
                         "or 'package.module:callable' (default: gpt2 on a GPU, gpt2-cpu on a CPU)")
-    p.add_argument("--batch", type=int, metavar="B", help="batch size (default 8; 4 for a --model of your choice)")
-    p.add_argument("--seq", type=int, metavar="L",
+    p.add_argument("--batch", type=positive_int, metavar="B",
+                   help="batch size (default 8; 4 for a --model of your choice)")
+    p.add_argument("--seq", type=positive_int, metavar="L",
                    help="sequence length / image side (default 512 on a GPU, 128 on a CPU)")
-    p.add_argument("--budget", default="50%", metavar="B",
-                   help="graph-memory budget: a %% of the no-remat peak (default 50%%), bytes or '1GiB'")
-    p.add_argument("--solver", default="libra", metavar="S", help="solver (default libra)")
-    p.add_argument("--steps", type=int, default=4, help="training steps, the first a warm-up (default 4)")
+    p.add_argument("--budget", default="50%", metavar="B", type=budget_arg, help=BUDGET_HELP + " (default 50%%)")
+    p.add_argument("--solver", default="libra", metavar="S", help=f"solver (default libra): {solver_names_help()}")
+    p.add_argument("--steps", type=_steps, default=4, help="training steps, the first a warm-up (default 4)")
     p.add_argument("--device", choices=["cpu", "cuda"], help="default: cuda if available, else cpu")
     p.add_argument("--plot", metavar="OUT.png", help="write the memory timeline of the plan vs no-remat")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and inputs (default 0)")
-    p.add_argument("--rtol", type=float, default=1e-3,
+    p.add_argument("--rtol", type=nonnegative_float, default=1e-3,
                    help="relative tolerance of the loss check per step (default 1e-3)")
     return p
+
+
+def _steps(text: str) -> int:
+    n = positive_int(text)
+    if n < 2:
+        raise argparse.ArgumentTypeError(f"must be >= 2 (one warm-up step, then timed steps), got {n}")
+    return n
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,15 +20,21 @@ from __future__ import annotations
 
 import argparse
 
+from .common import description, positive_int
+
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16"}
+
+
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "largest batch that trains under a hard memory cap (OOM-safe search), with samples/s"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``max-batch`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "max-batch", help="largest batch that trains under a hard memory cap (OOM-safe search), with samples/s",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+        "max-batch", help=HELP,
+        description=description(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", required=True, metavar="NAME",
                    help="zoo name (gpt2, gpt2-medium, bert-base, llama, vit-base, resnet50, *-tiny) or "
@@ -36,15 +42,16 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--memory", required=True, metavar="CAP", help="the memory cap, e.g. 16GiB")
     p.add_argument("--solver", default="libra", metavar="S",
                    help="a solver name (default libra), 'none' (eager PyTorch), 'checkpoint' or 'save-on-cpu'")
-    p.add_argument("--seq", type=int, metavar="L", help="sequence length (language models) / image side (vision)")
+    p.add_argument("--seq", type=positive_int, metavar="L",
+                   help="sequence length (language models) / image side (vision)")
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES), help="parameter dtype (default fp32)")
     p.add_argument("--autocast", default=None, choices=["bf16", "fp16"], help="mixed precision (torch.autocast)")
     p.add_argument("--reserve", default="5%", metavar="R",
                    help="kept out of the solver's budget for allocator overhead: a %% of the cap or bytes "
                         "(default 5%%)")
-    p.add_argument("--start", type=int, default=1, metavar="B", help="first batch probed (default 1)")
-    p.add_argument("--limit", type=int, default=None, metavar="B", help="never probe above this batch")
-    p.add_argument("--guess", type=int, default=None, metavar="B",
+    p.add_argument("--start", type=positive_int, default=1, metavar="B", help="first batch probed (default 1)")
+    p.add_argument("--limit", type=positive_int, default=None, metavar="B", help="never probe above this batch")
+    p.add_argument("--guess", type=positive_int, default=None, metavar="B",
                    help="a predicted maximum (e.g. from --simulate): probe it first and bracket the answer "
                         "around it, about half the probes of a search from --start")
     p.add_argument("--steps", type=int, default=2, help="training steps per probe (default 2)")

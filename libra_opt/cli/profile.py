@@ -21,18 +21,28 @@ from .common import check_outputs
 _DTYPES = {"float32": "float32", "fp32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16",
            "fp16": "float16", "float16": "float16"}
 
+from .common import description, positive_int
+
+
+#: the zoo's names, written out so that --help does not import torch (tests/test_cli_usage.py
+#: checks them against libra_opt.zoo.known_models())
+ZOO_NAMES = ("gpt2", "gpt2-medium", "bert-base", "llama", "vit-base", "resnet50", "gpt2-tiny", "bert-tiny",
+             "llama-tiny", "vit-tiny", "resnet-tiny")
+
+
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "capture and profile one training step of a model; write its problem file"
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``profile`` subcommand; returns its parser."""
-    from libra_opt.zoo import known_models
-
     p = subparsers.add_parser(
-        "profile", help="capture and profile one training step of a model; write its problem file",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+        "profile", help=HELP,
+        description=description(__doc__))
     p.add_argument("--model", required=True, metavar="NAME",
-                   help=f"zoo model ({', '.join(known_models())}) or package.module:callable")
-    p.add_argument("--batch", required=True, type=int, metavar="N", help="batch size")
-    p.add_argument("--seq", type=int, metavar="L",
+                   help=f"zoo model ({', '.join(ZOO_NAMES)}) or package.module:callable")
+    p.add_argument("--batch", required=True, type=positive_int, metavar="N", help="batch size")
+    p.add_argument("--seq", type=positive_int, metavar="L",
                    help="sequence length (language models) or image side in pixels (vision); default per model")
     p.add_argument("--dtype", default="float32", choices=sorted(_DTYPES), help="parameter dtype (default float32)")
     p.add_argument("--autocast", default=None, choices=["bf16", "fp16"],
@@ -41,8 +51,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="adam", choices=["none", "sgd", "adam"],
                    help="optimizer whose state counts as fixed memory (default adam)")
     p.add_argument("--warmup", type=int, default=2, help="untimed passes before timing (default 2)")
-    p.add_argument("--repeats", type=int, default=5, help="timed passes; the median is kept (default 5)")
-    p.add_argument("--threads", type=int, metavar="N",
+    p.add_argument("--repeats", type=positive_int, default=5, help="timed passes; the median is kept (default 5)")
+    p.add_argument("--threads", type=positive_int, metavar="N",
                    help="CPU only: torch intra-op threads while profiling (default: torch's setting); 1 gives "
                         "steadier op times on a busy machine")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -3,30 +3,32 @@
 Simulates a plan (the no-remat plan by default) on a problem and prints its
 peak memory (graph memory and with fixed memory), step time, recompute and
 stall seconds and swapped bytes.  ``FILE`` is a libra-opt problem JSON
-(``.json`` / ``.json.gz``) or a networkx node-link remat graph
-(``../shared/remat-graphs/``).  With ``--budget``, the exit status is 1 when
-the plan goes over it (the message names the instruction).
+(``.json`` / ``.json.gz``) or a networkx node-link remat graph (such as
+Checkmate's; see benchmarks/README.md).  With ``--budget``, the exit status is
+1 when the plan goes over it (the message names the instruction).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 
-from libra_opt.units import budget_from_text
+from .common import (BUDGET_HELP, add_problem_arguments, budget_arg, check_outputs, description, read_problem,
+                     report_unreadable)
 
-from .common import add_problem_arguments, check_outputs, read_problem, report_unreadable
+
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "simulate a plan on a problem: peak memory, step time, recompute, stalls, swaps"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``simulate`` subcommand; returns its parser."""
     p = subparsers.add_parser(
-        "simulate", help="simulate a plan on a problem: peak memory, step time, recompute, stalls, swaps",
-        description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+        "simulate", help=HELP,
+        description=description(__doc__))
     add_problem_arguments(p)
     p.add_argument("--plan", metavar="PLAN.json",
                    help="schedule JSON (Schedule.save); default: the no-remat plan (free after last use)")
-    p.add_argument("--budget", metavar="B",
-                   help="graph-memory budget to check: bytes, '12GiB', '60%%' or 0.6 of the no-remat peak")
+    p.add_argument("--budget", metavar="B", type=budget_arg, help="check the plan against this " + BUDGET_HELP)
     p.add_argument("--plot", metavar="OUT.png", help="write a memory timeline plot (with the no-remat plan "
                                                       "for comparison when --plan is given)")
     return p
@@ -51,13 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     reference = simulate(problem)
     result = reference if not args.plan else simulate(problem, plan)
-    budget = None
-    if args.budget is not None:
-        try:
-            budget = parse_budget(budget_from_text(args.budget), reference.peak_bytes)
-        except ValueError as e:
-            print(f"libra-opt simulate: error: --budget: {e}", file=sys.stderr)
-            return 2
+    budget = None if args.budget is None else parse_budget(args.budget, reference.peak_bytes)
 
     label = f"{args.plan} ({plan!r})" if args.plan else "no rematerialization (free after last use)"
     peak_ins = plan.instructions[result.peak_index].describe(problem) if len(plan) else "-"

@@ -3,8 +3,8 @@
 Plans a problem within a memory budget with a solver (``libra`` by default)
 and prints the plan's simulated peak, step time and what it costs.  ``FILE`` is
 a libra-opt problem JSON (``.json`` / ``.json.gz``) or a networkx node-link
-remat graph.  ``--budget`` takes bytes, ``12GiB``, ``60%`` or a fraction of the
-no-remat peak (``0.6``).  ``--explain`` prints the solver's top N decisions
+remat graph.  ``--budget`` takes a size with a unit (``12GiB``, ``1000000B``),
+``60%`` or a fraction of the no-remat peak (``0.6``).  ``--explain`` prints the solver's top N decisions
 with why they were made (``libra``); ``-o`` writes the plan as JSON;
 ``--plot`` draws its memory timeline next to the no-remat plan's.  Exit
 status 1 when no plan fits the budget (the message says the smallest budget
@@ -14,24 +14,26 @@ from __future__ import annotations
 
 import argparse
 
-from libra_opt.units import budget_from_text
+from .common import (BUDGET_HELP, add_problem_arguments, budget_arg, check_outputs, description,
+                     positive_float, read_problem, solver_names_help)
 
-from .common import add_problem_arguments, check_outputs, read_problem
+
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "plan a problem within a memory budget (default solver: libra)"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``solve`` subcommand; returns its parser."""
-    p = subparsers.add_parser("solve", help="plan a problem within a memory budget (default solver: libra)",
-                              description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+    p = subparsers.add_parser("solve", help=HELP,
+                              description=description(__doc__))
     add_problem_arguments(p)
-    p.add_argument("--budget", required=True, metavar="B",
-                   help="graph-memory budget: bytes, '12GiB', '60%%' or 0.6 of the no-remat peak")
-    p.add_argument("--solver", default="libra", metavar="NAME", help="solver name (default libra; see "
-                                                                     "libra-opt compare --help for the list)")
+    p.add_argument("--budget", required=True, metavar="B", type=budget_arg, help=BUDGET_HELP)
+    p.add_argument("--solver", default="libra", metavar="NAME",
+                   help=f"solver name (default libra): {solver_names_help()}")
     p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
                    help="libra only: recompute + swap (default), recompute only, swap only")
-    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit, seconds (solvers that "
-                                                                  "have one)")
+    p.add_argument("--time-limit", type=positive_float, metavar="S",
+                   help="solver time limit, seconds > 0 (solvers that have one)")
     p.add_argument("--explain", nargs="?", type=int, const=10, default=None, metavar="N",
                    help="print the top N decisions and why (default N 10)")
     p.add_argument("-o", "--output", metavar="PLAN.json", help="write the plan (Schedule JSON)")
@@ -58,6 +60,20 @@ def solver_options(args: argparse.Namespace, solver_name: str) -> dict:
     return opts
 
 
+def bound_text(result) -> str:
+    """What the result says about a lower bound on the step time: the bound
+    and the gap to it, or why there is none."""
+    from libra_opt.units import format_seconds
+
+    if result.lower_bound_s is not None:
+        gap = "" if result.gap is None else f", gap {result.gap:.2%}"
+        return f"step time >= {format_seconds(result.lower_bound_s)}{gap}"
+    coarse = result.extras.get("coarse_lp_value_s")
+    if coarse is not None:
+        return (f"none for this graph (the LP value {format_seconds(coarse)} bounds the coarsened graph only)")
+    return f"none ({result.solver} reports no lower bound)"
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt solve``; returns the exit status (0 plan found, 1 infeasible)."""
     from libra_opt.solvers import get_solver
@@ -68,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     if problem is None:
         return 2
     solver = get_solver(args.solver, **solver_options(args, args.solver))
-    result = solver.solve(problem, budget_from_text(args.budget), raise_on_infeasible=False)
+    result = solver.solve(problem, args.budget, raise_on_infeasible=False)
     print(f"problem:  {problem.name} ({len(problem.nodes)} nodes) from {args.file}")
     print(f"solver:   {result.solver} {solver.options}")
     print(f"budget:   {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes)")
@@ -85,6 +101,9 @@ def run(args: argparse.Namespace) -> int:
           f"stalls {format_seconds(sim.stall_s)}")
     print(f"swaps:    {format_bytes(sim.d2h_bytes)} out, {format_bytes(sim.h2d_bytes)} in; "
           f"recomputed nodes {len(result.schedule.recomputed_nodes())}")
+    print(f"bound:    {bound_text(result)}")
+    if result.extras.get("heuristic"):
+        print(f"fallback: the plan is the {result.extras['heuristic']} heuristic, not a rounding of the LP")
     if args.explain is not None:
         decisions = result.extras.get("decisions")
         if decisions is None:

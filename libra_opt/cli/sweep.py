@@ -1,11 +1,12 @@
-"""``libra-opt sweep FILE --budgets 0.9,0.8,... [--policy ...] [--solver NAME] [--csv]``
+"""``libra-opt sweep FILE --budgets 0.9,0.8,... [--policy ...] [--solver NAME] [--csv OUT.csv]``
 
 Plans a problem for many memory budgets at once and prints one row per
 budget: status, simulated peak, added step time and solve seconds.  With the
 default ``libra`` solver every plan comes from **one** greedy descent (the
 plan for a budget equals what ``libra-opt solve`` returns for it).  Budgets are
 comma-separated: fractions of the no-remat peak (``0.8``), ``60%``, bytes or
-``12GiB``.  ``--csv`` prints CSV instead of a table.
+``12GiB``.  ``--csv OUT.csv`` also writes the rows to a CSV file, as in
+``compare``.
 """
 from __future__ import annotations
 
@@ -13,23 +14,28 @@ import argparse
 import csv
 import sys
 
-from libra_opt.units import budget_from_text
+from .common import (BUDGET_HELP, add_problem_arguments, budget_list_arg, check_outputs, description, positive_float,
+                     read_problem, solver_names_help)
 
-from .common import add_problem_arguments, read_problem
+
+#: the one-line help of the command in ``libra-opt --help``
+HELP = "plan a problem for many budgets (libra: one descent)"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``sweep`` subcommand; returns its parser."""
-    p = subparsers.add_parser("sweep", help="plan a problem for many budgets (libra: one descent)",
-                              description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
+    p = subparsers.add_parser("sweep", help=HELP,
+                              description=description(__doc__))
     add_problem_arguments(p)
-    p.add_argument("--budgets", required=True, metavar="B,B,...",
-                   help="comma-separated budgets: 0.9 (fraction of the no-remat peak), 60%%, bytes, 12GiB")
-    p.add_argument("--solver", default="libra", metavar="NAME", help="solver name (default libra)")
+    p.add_argument("--budgets", required=True, metavar="B1,B2,...", type=budget_list_arg,
+                   help="comma-separated budgets, each a " + BUDGET_HELP)
+    p.add_argument("--solver", default="libra", metavar="NAME",
+                   help=f"solver name (default libra): {solver_names_help()}")
     p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
                    help="libra only: recompute + swap (default), recompute only, swap only")
-    p.add_argument("--time-limit", type=float, metavar="S", help="solver time limit per solve, seconds")
-    p.add_argument("--csv", action="store_true", help="print CSV")
+    p.add_argument("--time-limit", type=positive_float, metavar="S",
+                   help="solver time limit per solve, seconds > 0")
+    p.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
     return p
 
 
@@ -41,10 +47,8 @@ def run(args: argparse.Namespace) -> int:
 
     from .solve import solver_options
 
-    budgets = [budget_from_text(b.strip()) for b in args.budgets.split(",") if b.strip()]
-    if not budgets:
-        print("libra-opt sweep: error: --budgets is empty; give e.g. 0.9,0.8,0.7", file=sys.stderr)
-        return 2
+    check_outputs(args.csv)
+    budgets = args.budgets
     problem = read_problem(args, "sweep")
     if problem is None:
         return 2
@@ -61,11 +65,6 @@ def run(args: argparse.Namespace) -> int:
                      r.added_s, None if r.added_s is None else r.added_s / base,
                      sim.recompute_s if sim else None, sim.stall_s if sim else None,
                      sim.d2h_bytes if sim else None, r.solve_s, r.min_feasible_bytes])
-    if args.csv:
-        w = csv.writer(sys.stdout)
-        w.writerow(head)
-        w.writerows(["" if v is None else v for v in row] for row in rows)
-        return 0
     print(f"problem: {problem.name} ({len(problem.nodes)} nodes), no-remat peak {format_bytes(ref)}, "
           f"solver {solver.name} {solver.options}")
     print(f"{'budget':>10} {'status':>10} {'peak':>12} {'of peak':>8} {'added':>12} {'added %':>8} {'solve':>10}")
@@ -76,4 +75,12 @@ def run(args: argparse.Namespace) -> int:
         else:
             need = f"needs {format_bytes(r.min_feasible_bytes)}" if r.min_feasible_bytes is not None else ""
             print(f"{row[0]:>10} {r.status:>10} {need:>34} {format_seconds(r.solve_s):>21}")
+    if args.csv:
+        from libra_opt.atomic import atomic_write
+
+        with atomic_write(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(head)
+            w.writerows(["" if v is None else v for v in row] for row in rows)
+        print(f"csv:  {args.csv}")
     return 0

@@ -171,7 +171,7 @@ def recompute_times(problem: RematProblem) -> np.ndarray:
     bw = problem.device.memory_bytes_per_s
     if not bw or bw <= 0:
         raise ProblemError(f"problem {problem.name!r} is priced for the {problem.executor} executor but its device "
-                           f"profile has no memory bandwidth; re-profile it or pass memory_bytes_per_s= to "
+                           f"profile has no memory bandwidth; re-profile it or pass memory_bytes_per_s= (CLI: --memory-bandwidth) to "
                            f"libra_opt.costs.for_executor")
     for n in problem.nodes:
         if n.pointwise:
@@ -228,7 +228,7 @@ def for_executor(problem: RematProblem, executor: str, *, memory_bytes_per_s: fl
         if not device.memory_bytes_per_s:
             raise ProblemError(f"problem {problem.name!r} has no measured device-memory bandwidth, which the "
                                f"inductor cost model needs; re-profile it (libra_opt.profile records it) or pass "
-                               f"memory_bytes_per_s=")
+                               f"memory_bytes_per_s= (CLI: --memory-bandwidth)")
         if not any(n.pointwise for n in nodes):
             nodes = tuple(dataclasses.replace(n, pointwise=is_fusible_op(n.target)) for n in nodes)
     if executor == problem.executor and device is problem.device and nodes is problem.nodes:

@@ -131,3 +131,25 @@ def test_libra_plans_and_the_simulator_agree_under_inductor():
     assert r.time_s == pytest.approx(sim.time_s) and sim.peak_bytes <= r.peak_bytes
     # the same plan priced as eager runs it is no cheaper
     assert simulate(p, r.schedule).time_s >= sim.time_s
+
+
+def test_checkmate_objective_prices_recomputes_by_the_executor():
+    from libra_opt.solvers.checkmate_model import CheckmateGraph
+
+    p, _ = chain_problem()
+    q = for_executor(p, "inductor")
+    g = CheckmateGraph.from_problem(q)
+    assert list(g.cost_s) == [n.time_s for n in q.nodes]           # first computations: measured
+    assert list(g.recompute_cost_s) == list(q.recompute_time)      # recomputations: the executor's price
+    assert g.recompute_cost_s[1] < g.cost_s[1]
+
+
+def test_cli_prices_a_problem_file_for_an_executor(tmp_path, capsys):
+    from libra_opt.cli import main
+
+    p, _ = chain_problem()
+    path = save_problem(p.with_device(memory_bytes_per_s=None), tmp_path / "chain.json")
+    assert main(["simulate", str(path), "--executor", "inductor"]) == 2
+    assert "--memory-bandwidth" in capsys.readouterr().err
+    assert main(["simulate", str(path), "--executor", "inductor", "--memory-bandwidth", "1e12"]) == 0
+    assert main(["solve", str(path), "--budget", "100%", "--executor", "eager"]) == 0

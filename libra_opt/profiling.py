@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = ["ProfilingError", "profile_step", "profile", "measure_bandwidth", "measure_memory_bandwidth",
-           "device_profile", "profile_agreement", "OPTIMIZERS"]
+           "device_profile", "profile_agreement", "profile_summary", "OPTIMIZERS"]
 
 #: optimizers whose state :func:`~libra_opt.capture.build_problem` accounts for
 OPTIMIZERS = ("none", "sgd", "adam", "adamw")
@@ -539,6 +539,13 @@ def profile_step(step: "CapturedStep", device: str | torch.device | None = None,
             "device": str(dev), "warmup": int(warmup), "repeats": int(repeats)}
 
 
+def profile_summary(measured: dict) -> dict:
+    """The part of :func:`profile_step`'s result recorded in a problem's
+    ``provenance.extra["profile"]``: ``op_sum_s``, ``measured_step_s``,
+    ``calibration``, ``calibrated``, ``spread`` (JSON values)."""
+    return {k: measured[k] for k in ("op_sum_s", "measured_step_s", "calibration", "calibrated", "spread")}
+
+
 def _relative_iqr(values: list[float]) -> float:
     """``(q75 - q25) / median`` of ``values`` (0 for fewer than two values or a zero median)."""
     if len(values) < 2:
@@ -736,8 +743,7 @@ def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs
         torch_version=torch.__version__,
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         extra={"device": dprof.name, "timer": measured["timer"], "warmup": measured["warmup"],
-               "profile": {k: measured[k] for k in ("op_sum_s", "measured_step_s", "calibration", "calibrated",
-                                                    "spread")},
+               "profile": profile_summary(measured),
                "repeats": measured["repeats"], "optimizer": optimizer, "transformers_version": tf_version,
                "autocast_dtype": _dtype_name(autocast_dtype), "description": desc,
                "threads": torch.get_num_threads() if dev.type == "cpu" else None})

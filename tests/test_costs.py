@@ -153,3 +153,27 @@ def test_cli_prices_a_problem_file_for_an_executor(tmp_path, capsys):
     assert "--memory-bandwidth" in capsys.readouterr().err
     assert main(["simulate", str(path), "--executor", "inductor", "--memory-bandwidth", "1e12"]) == 0
     assert main(["solve", str(path), "--budget", "100%", "--executor", "eager"]) == 0
+
+
+@pytest.mark.cuda
+def test_a_fused_pointwise_chain_costs_about_its_bytes_on_cuda():
+    """The inductor price of a pointwise chain (bytes moved / measured
+    bandwidth) against the chain compiled by Inductor and timed."""
+    import statistics
+
+    from libra_opt.profiling import measure_memory_bandwidth
+
+    bw = measure_memory_bandwidth("cuda")
+    x = torch.randn(64 * 2**20, device="cuda")          # 256 MiB
+    f = torch.compile(lambda x: (torch.relu(x) * 2 + 1).tanh())
+    f(x)
+    samples = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        f(x)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) / 1e3)
+    estimate = 2 * x.nbytes / bw                        # fused: x read once, the result written once
+    assert 0.5 * estimate <= statistics.median(samples) <= 2.0 * estimate

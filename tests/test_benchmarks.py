@@ -154,3 +154,38 @@ def test_gpu_check_cpu_run_records_skips_and_renders(tmp_path):
     checks = json.loads(out.read_text())["checks"]
     assert {c["status"] for c in checks.values()} == {"SKIP"} and "gpt2-tiny|no-oom" in checks
     assert "| gpt2-tiny | no-oom | SKIP |" in out.with_suffix(".md").read_text()
+
+
+def test_max_batch_entries_keep_planned_and_measured_peaks(monkeypatch):
+    """headline's libra max batch goes through libra_opt.max_batch.max_batch,
+    passing executor= / calibrate= where it takes them and keeping whatever
+    fields its result has (a fake stands in for the GPU search here)."""
+    import dataclasses as dc
+
+    import libra_opt.max_batch as mb
+    from libra_opt.batch_search import SearchResult, Trial
+
+    @dc.dataclass
+    class Result(mb.MaxBatchResult):
+        planned_reserved_bytes: int | None = None
+        measured_reserved_bytes: int | None = None
+        limit: str = ""
+
+    seen = {}
+
+    def fake(model, memory, method="libra", *, executor=None, calibrate=True, **kw):
+        seen.update(model=model, memory=memory, method=method, executor=executor, calibrate=calibrate, **kw)
+        search = SearchResult(20, (Trial(16, True), Trial(24, False, "out of memory: x"), Trial(20, True)), False)
+        return Result(model, method, memory, 20, 41.0, 20 / 41.0, False, search, ["n"], 15 << 30,
+                      planned_reserved_bytes=15 << 30, measured_reserved_bytes=(15 << 30) + 1, limit="time")
+
+    monkeypatch.setattr(mb, "max_batch", fake)
+    env = hl.Env(device=torch.device("cuda"), cap=16 << 30, smoke=False, autocast=torch.bfloat16, reserve=0.05)
+    entry = hl.maxbatch_via_library(hl.METHODS["libra-recompute-inductor"], "gpt2-medium", 1024, env, 4, None)
+    assert seen["executor"] == "inductor" and seen["calibrate"] is True and seen["start"] == 4
+    assert seen["solver_options"] == {"policy": "recompute"}
+    assert entry["batch"] == 20 and entry["samples_per_s"] == 41.0 and entry["limit"] == "time"
+    assert entry["planned_reserved_bytes"] == 15 << 30 and entry["measured_reserved_bytes"] == (15 << 30) + 1
+    assert gc_.oom_probes(entry["probes"]) == [[24, False, "out of memory: x"]]
+    row = hl.maxbatch_rows({"maxbatch": {"libra-recompute-inductor": entry}})[0]
+    assert (row["planned_peak_bytes"], row["reserved_bytes"], row["limit"]) == (15 << 30, (15 << 30) + 1, "time")

@@ -179,6 +179,7 @@ def test_cli_profile_then_simulate(tmp_path, capsys):
     text = capsys.readouterr().out
     p = load_problem(out)
     assert f"nodes: {p.num_nodes}" in text and "no-remat peak" in text and "step time" in text
+    assert f"calibrated x{p.provenance.extra['profile']['calibration']:.3f}" in text
     assert p.provenance.model == "gpt2-tiny" and p.fixed.optimizer == "sgd"
     assert p.provenance.extra["command"] == (f"libra-opt profile --model gpt2-tiny --batch 2 --seq 16 "
                                              f"--dtype float32 --device cpu --optimizer sgd --warmup 0 "

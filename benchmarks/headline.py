@@ -827,7 +827,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda (default): the benchmark; cpu: a smoke run with tiny caps, not a benchmark")
     parser.add_argument("--seq", type=int, help="sequence length / image side (default: the model's)")
-    parser.add_argument("--memory", default="16GiB", help="the hard cap (default 16GiB)")
+    parser.add_argument("--memory", help="the hard cap (default 16GiB; cpu: fixed memory of batch 4 + 1.5x its "
+                                         "graph memory)")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset (default all)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"subset of {', '.join(PARTS)} (default all)")
     parser.add_argument("--common-batch", type=int, help="batch for 'common' and 'sweep' (default: eager's max)")
@@ -889,7 +890,7 @@ def main(argv=None) -> int:
         out = args.out or RESULTS / "smoke"
         # one intra-op thread: on a busy 2-core machine OpenMP's spinning threads make tiny ops erratic
         torch.set_num_threads(1)
-        cap = _smoke_cap(model, seq)
+        cap = parse_bytes(args.memory) if args.memory else _smoke_cap(model, seq)
         limit = args.limit or 24
         budgets, ambs = args.budgets or "1,0.8,0.6", args.ambs or "1,0.5"
     else:
@@ -900,7 +901,7 @@ def main(argv=None) -> int:
         seq = args.seq or seq
         device, autocast = torch.device("cuda"), torch.bfloat16
         out = args.out or RESULTS
-        cap = parse_bytes(args.memory)
+        cap = parse_bytes(args.memory or "16GiB")
         limit = args.limit
         budgets = args.budgets or ",".join(f"{b:g}" for b in BUDGETS)
         ambs = args.ambs or ",".join(f"{a:g}" for a in AMBS)

@@ -119,7 +119,7 @@ def test_libra_keywords_pass_what_the_build_takes():
 
 def test_headline_cpu_sweep_accumulates_across_calls(tmp_path):
     argv = ["--device", "cpu", "--model", "gpt2-tiny", "--parts", "sweep", "--common-batch", "2", "--repeats", "1",
-            "--out", str(tmp_path)]
+            "--memory", "8MiB", "--out", str(tmp_path)]
     assert hl.main(argv + ["--methods", "checkpoint"]) == 0
     assert hl.main(argv + ["--methods", "save-on-cpu"]) == 0
     data = json.loads((tmp_path / "headline_gpt2-tiny.json").read_text())

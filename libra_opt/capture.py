@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from .costs import is_fusible_op
 from .errors import CaptureError
 from .problem import (BACKWARD, FORWARD, INPUT, DeviceProfile, FixedMemory, Node, Provenance, RematProblem,
                       Tensor)
@@ -595,7 +596,7 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
         target = str(n.target)
         nodes.append(dict(id=nid, name=n.name, target=target, phase=phase[n.name],
                           time_s=float(times.get(n.name, 0.0)), workspace_bytes=int(workspace.get(n.name, 0)),
-                          recomputable=_recomputable(n, mutated),
+                          recomputable=_recomputable(n, mutated), pointwise=is_fusible_op(n.target),
                           inputs=tuple(dict.fromkeys(ins)), outputs=tuple(sorted(outs)), module=_module_path(n)))
     # views must come after their base's producer; a base whose producer is later than a view's
     # (cannot happen in a topological graph) would be caught by RematProblem.validate.

@@ -12,6 +12,7 @@ Source: the pipeline of ``DESIGN.md`` ("The shape").
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any, Callable
@@ -43,15 +44,18 @@ def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = T
     """
     if profile:
         try:
-            from .profiling import device_profile, profile_step
+            from .profiling import device_profile, profile_step, profile_summary
         except ImportError:  # pragma: no cover - profiling is written in parallel
             logger.warning("libra_opt.profiling is not available; planning with unit op times")
         else:
             t0 = time.perf_counter()
             measured = profile_step(step, progress=False)
             logger.info("profiled %s in %.1f s", step.model_name, time.perf_counter() - t0)
-            return build_problem(step, times=measured["times"], workspace=measured["workspace"],
-                                 device=device_profile(step.device), optimizer=optimizer)
+            problem = build_problem(step, times=measured["times"], workspace=measured["workspace"],
+                                    device=device_profile(step.device), optimizer=optimizer)
+            prov = problem.provenance  # the calibration and spread of the profile (profiling.profile_step)
+            return problem.replace(provenance=dataclasses.replace(
+                prov, extra={**prov.extra, "profile": profile_summary(measured)}))
     times = {n.name: UNIT_TIME_S for n in step.joint.graph.nodes if n.op == "call_function"}
     return build_problem(step, times=times, optimizer=optimizer)
 

@@ -30,6 +30,9 @@ ACTIVATION = "activation"  #: produced by a node of the graph
 INPUT = "input"            #: graph input: always resident, part of fixed memory
 TENSOR_KINDS = (ACTIVATION, INPUT)
 
+#: executor cost models (:mod:`libra_opt.costs`): how a recompute is priced
+EXECUTORS = ("eager", "inductor")
+
 
 @dataclass(frozen=True)
 class Node:
@@ -56,6 +59,12 @@ class Node:
         Tensor ids produced.
     module : str
         Module path the op came from (``""`` if unknown); used for grouping.
+    pointwise : bool
+        A memory-bound op that a compiler fuses into its neighbours
+        (elementwise ops, casts, reductions: what PyTorch's min-cut
+        partitioner recomputes freely, see :func:`libra_opt.costs.is_fusible_op`);
+        compute-bound ops (matmul, convolution, attention) are False.  Only
+        the Inductor cost model reads it (:func:`libra_opt.costs.for_executor`).
     """
 
     id: int
@@ -68,6 +77,7 @@ class Node:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
     module: str = ""
+    pointwise: bool = False
 
 
 @dataclass(frozen=True)
@@ -149,6 +159,11 @@ class DeviceProfile:
     copies_overlap_compute : bool
         True on a GPU (copies run on their own stream); False on a CPU, where a
         copy occupies the compute timeline.
+    memory_bytes_per_s : float or None
+        Measured device-memory bandwidth, bytes moved (read + written) per
+        second (:func:`libra_opt.profiling.measure_memory_bandwidth`); ``None``
+        when not measured (problems profiled before it was recorded).  The
+        Inductor cost model prices a recomputed pointwise op with it.
     """
 
     name: str = "abstract"
@@ -156,6 +171,7 @@ class DeviceProfile:
     h2d_bytes_per_s: float = 55e9
     d2h_bytes_per_s: float = 55e9
     copies_overlap_compute: bool = True
+    memory_bytes_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -188,6 +204,12 @@ class RematProblem:
     device : DeviceProfile, optional
     provenance : Provenance, optional
     name : str, optional
+    executor : {"eager", "inductor"}
+        The cost model of a recompute (:mod:`libra_opt.costs`): ``"eager"``
+        (default) charges a recomputed node its measured ``time_s``;
+        ``"inductor"`` charges a recomputed ``pointwise`` node the bytes it
+        moves over the device-memory bandwidth, as it runs fused in a compiled
+        backward graph.  Set it with :func:`libra_opt.costs.for_executor`.
 
     Raises
     ------
@@ -199,7 +221,7 @@ class RematProblem:
 
     def __init__(self, nodes: Sequence[Node], tensors: Sequence[Tensor], outputs: Iterable[int],
                  fixed: FixedMemory | None = None, device: DeviceProfile | None = None,
-                 provenance: Provenance | None = None, name: str = ""):
+                 provenance: Provenance | None = None, name: str = "", executor: str = "eager"):
         self.nodes: tuple[Node, ...] = tuple(nodes)
         self.tensors: tuple[Tensor, ...] = tuple(tensors)
         self.outputs: tuple[int, ...] = tuple(dict.fromkeys(int(o) for o in outputs))
@@ -207,12 +229,15 @@ class RematProblem:
         self.device = device or DeviceProfile()
         self.provenance = provenance or Provenance()
         self.name = name or self.provenance.model or "problem"
+        self.executor = executor
         self.validate()
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
         """Check every invariant of the IR; raise :class:`ProblemError` naming
         the first violation."""
+        if self.executor not in EXECUTORS:
+            raise ProblemError(f"unknown executor cost model {self.executor!r}; use one of {EXECUTORS}")
         nt = len(self.tensors)
         consumers: list[list[int]] = [[] for _ in range(nt)]
         for i, n in enumerate(self.nodes):
@@ -296,6 +321,15 @@ class RematProblem:
         return np.array([n.time_s for n in self.nodes], dtype=np.float64)
 
     @cached_property
+    def recompute_time(self) -> np.ndarray:
+        """Time a recompute of each node costs under this problem's
+        ``executor`` cost model, seconds, shape ``(num_nodes,)``: equal to
+        :attr:`node_time` for ``"eager"`` (see :func:`libra_opt.costs.recompute_times`)."""
+        from .costs import recompute_times
+
+        return recompute_times(self)
+
+    @cached_property
     def total_compute_s(self) -> float:
         """Sum of compute times: the step time without rematerialization (s)."""
         return float(self.node_time.sum())
@@ -331,9 +365,9 @@ class RematProblem:
 
     def replace(self, **changes) -> "RematProblem":
         """A copy with some of ``nodes``, ``tensors``, ``outputs``, ``fixed``,
-        ``device``, ``provenance``, ``name`` replaced."""
+        ``device``, ``provenance``, ``name``, ``executor`` replaced."""
         kw = dict(nodes=self.nodes, tensors=self.tensors, outputs=self.outputs, fixed=self.fixed,
-                  device=self.device, provenance=self.provenance, name=self.name)
+                  device=self.device, provenance=self.provenance, name=self.name, executor=self.executor)
         kw.update(changes)
         return RematProblem(**kw)
 
@@ -366,7 +400,7 @@ class ProblemBuilder:
 
     def op(self, name: str, inputs: Sequence[int], outputs: Sequence[tuple], *, time_s: float = 0.0,
            target: str = "", phase: str = FORWARD, workspace_bytes: int = 0,
-           recomputable: bool = True, module: str = "") -> tuple[int, ...]:
+           recomputable: bool = True, module: str = "", pointwise: bool = False) -> tuple[int, ...]:
         """Add a node.
 
         ``outputs`` holds ``(name, nbytes)`` for a new storage, or
@@ -389,7 +423,8 @@ class ProblemBuilder:
             outs.append(tid)
         self._nodes.append(dict(id=nid, name=name, target=target or name, phase=phase, time_s=float(time_s),
                                 workspace_bytes=int(workspace_bytes), recomputable=bool(recomputable),
-                                inputs=tuple(dict.fromkeys(inputs)), outputs=tuple(outs), module=module))
+                                inputs=tuple(dict.fromkeys(inputs)), outputs=tuple(outs), module=module,
+                                pointwise=bool(pointwise)))
         return tuple(outs)
 
     def build(self, outputs: Iterable[int], **kwargs) -> RematProblem:

@@ -5,10 +5,19 @@ The file format (``schema = "libra-opt/remat-problem"``, ``version = 1``)::
     {"schema": "libra-opt/remat-problem", "version": 1,
      "name": str, "provenance": {...}, "device": {...}, "fixed": {...},
      "nodes":   [{"id", "name", "target", "phase", "time_s", "workspace_bytes",
-                  "recomputable", "inputs", "outputs", "module"}, ...],
+                  "recomputable", "inputs", "outputs", "module", "pointwise"}, ...],
      "tensors": [{"id", "name", "producer", "storage", "nbytes", "kind",
                   "shape", "dtype"}, ...],
-     "outputs": [tensor id, ...]}
+     "outputs": [tensor id, ...], "executor": str}
+
+Fields added without a version change, optional on load (files written
+before them load with their defaults): ``nodes[].pointwise`` (bool, default false: the node is a
+memory-bound fusible op, :func:`libra_opt.costs.is_fusible_op`),
+``device.memory_bytes_per_s`` (float or null, default null: measured
+device-memory bandwidth, bytes read + written per second), ``executor``
+(``"eager"`` default or ``"inductor"``: the recompute cost model of
+:mod:`libra_opt.costs`).  Profiling spread and calibration are recorded in
+``provenance.extra["profile"]`` (see :func:`libra_opt.profiling.profile_step`).
 
 Units are those of the IR: seconds (``time_s``), bytes (``*_bytes``,
 ``nbytes``), bytes per second (``h2d_bytes_per_s``, ``d2h_bytes_per_s``).
@@ -46,8 +55,8 @@ from typing import Any, Callable
 
 from .atomic import atomic_write
 from .errors import ProblemError, ProblemFileError
-from .problem import (ACTIVATION, INPUT, PHASES, TENSOR_KINDS, DeviceProfile, FixedMemory, Node, Provenance,
-                      RematProblem, Tensor)
+from .problem import (ACTIVATION, EXECUTORS, INPUT, PHASES, TENSOR_KINDS, DeviceProfile, FixedMemory, Node,
+                      Provenance, RematProblem, Tensor)
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +91,22 @@ def problem_to_dict(problem: RematProblem) -> dict:
                        "extra": dict(pv.extra)},
         "device": {"name": dv.name, "total_memory_bytes": dv.total_memory_bytes,
                    "h2d_bytes_per_s": dv.h2d_bytes_per_s, "d2h_bytes_per_s": dv.d2h_bytes_per_s,
-                   "copies_overlap_compute": dv.copies_overlap_compute},
+                   "copies_overlap_compute": dv.copies_overlap_compute,
+                   "memory_bytes_per_s": dv.memory_bytes_per_s},
         "fixed": {"parameters_bytes": fx.parameters_bytes, "buffers_bytes": fx.buffers_bytes,
                   "gradients_bytes": fx.gradients_bytes, "optimizer_state_bytes": fx.optimizer_state_bytes,
                   "inputs_bytes": fx.inputs_bytes, "optimizer": fx.optimizer},
         "nodes": [{"id": n.id, "name": n.name, "target": n.target, "phase": n.phase, "time_s": n.time_s,
                    "workspace_bytes": n.workspace_bytes, "recomputable": n.recomputable,
-                   "inputs": list(n.inputs), "outputs": list(n.outputs), "module": n.module}
+                   "inputs": list(n.inputs), "outputs": list(n.outputs), "module": n.module,
+                   "pointwise": n.pointwise}
                   for n in problem.nodes],
         "tensors": [{"id": t.id, "name": t.name, "producer": t.producer, "storage": t.storage,
                      "nbytes": t.nbytes, "kind": t.kind,
                      "shape": None if t.shape is None else list(t.shape), "dtype": t.dtype}
                     for t in problem.tensors],
         "outputs": list(problem.outputs),
+        "executor": problem.executor,
     }
 
 
@@ -306,7 +318,7 @@ def _read_node(d: Any, k: int) -> Node:
     p = f"nodes[{k}]"
     d = _obj(d, p)
     _no_unknown(d, {"id", "name", "target", "phase", "time_s", "workspace_bytes", "recomputable", "inputs",
-                    "outputs", "module"}, p)
+                    "outputs", "module", "pointwise"}, p)
     nid = _get(d, "id", p, _int)
     if nid != k:
         raise _FieldError(f"{p}.id is {nid} but the node is at position {k}; ids must equal the eager order",
@@ -320,7 +332,8 @@ def _read_node(d: Any, k: int) -> Node:
                 phase=_get(d, "phase", p, _choice(PHASES)),
                 time_s=_get(d, "time_s", p, _float), workspace_bytes=_get(d, "workspace_bytes", p, _nonneg_int, 0),
                 recomputable=_get(d, "recomputable", p, _bool, True), inputs=inputs,
-                outputs=_get(d, "outputs", p, _int_list), module=_get(d, "module", p, _str, ""))
+                outputs=_get(d, "outputs", p, _int_list), module=_get(d, "module", p, _str, ""),
+                pointwise=_get(d, "pointwise", p, _bool, False))
 
 
 def _read_tensor(d: Any, k: int, consumers: dict[int, list[int]]) -> Tensor:
@@ -354,15 +367,17 @@ def _read_fixed(d: Any) -> FixedMemory:
 def _read_device(d: Any) -> DeviceProfile:
     p = "device"
     d = _obj(d, p)
-    _no_unknown(d, {"name", "total_memory_bytes", "h2d_bytes_per_s", "d2h_bytes_per_s", "copies_overlap_compute"},
-                p)
+    _no_unknown(d, {"name", "total_memory_bytes", "h2d_bytes_per_s", "d2h_bytes_per_s", "copies_overlap_compute",
+                    "memory_bytes_per_s"}, p)
     default = DeviceProfile()
     tm = _get(d, "total_memory_bytes", p, lambda v, w: None if v is None else _nonneg_int(v, w), None)
     return DeviceProfile(name=_get(d, "name", p, _str, default.name), total_memory_bytes=tm,
                          h2d_bytes_per_s=_get(d, "h2d_bytes_per_s", p, _pos_float, default.h2d_bytes_per_s),
                          d2h_bytes_per_s=_get(d, "d2h_bytes_per_s", p, _pos_float, default.d2h_bytes_per_s),
                          copies_overlap_compute=_get(d, "copies_overlap_compute", p, _bool,
-                                                     default.copies_overlap_compute))
+                                                     default.copies_overlap_compute),
+                         memory_bytes_per_s=_get(d, "memory_bytes_per_s", p,
+                                                 lambda v, w: None if v is None else _pos_float(v, w), None))
 
 
 def _read_provenance(d: Any) -> Provenance:
@@ -385,8 +400,8 @@ def _from_dict(d: Any) -> RematProblem:
     if version != PROBLEM_VERSION:
         raise _FieldError(f"problem file version {version!r} is not supported; this libra-opt reads version "
                           f"{PROBLEM_VERSION}: re-export the problem with this version", "version")
-    _no_unknown(d, {"schema", "version", "name", "provenance", "device", "fixed", "nodes", "tensors", "outputs"},
-                "")
+    _no_unknown(d, {"schema", "version", "name", "provenance", "device", "fixed", "nodes", "tensors", "outputs",
+                    "executor"}, "")
     nodes = [_read_node(n, k) for k, n in enumerate(_get(d, "nodes", "", _list))]
     consumers: dict[int, list[int]] = {}
     for n in nodes:
@@ -398,7 +413,8 @@ def _from_dict(d: Any) -> RematProblem:
                         fixed=_get(d, "fixed", "", lambda v, w: _read_fixed(v), FixedMemory()),
                         device=_get(d, "device", "", lambda v, w: _read_device(v), DeviceProfile()),
                         provenance=_get(d, "provenance", "", lambda v, w: _read_provenance(v), Provenance()),
-                        name=_get(d, "name", "", _str, ""))
+                        name=_get(d, "name", "", _str, ""),
+                        executor=_get(d, "executor", "", _choice(EXECUTORS), "eager"))
 
 
 def problem_from_dict(d: Any, *, source: str | None = None) -> RematProblem:

@@ -13,11 +13,18 @@ capture -> profile -> :func:`~libra_opt.capture.build_problem`, giving a
 How it measures (``DESIGN.md``, "Measuring"):
 
 - **time on a GPU**: a CUDA event pair around each op, ``warmup`` untimed
-  passes over the whole graph, then ``repeats`` timed passes; a node's time is
-  the median of its repeats.  Only the op itself is timed, not the
+  passes over the whole graph, then ``repeats`` timed passes, each one pass
+  of the graph with no synchronization until its end; a node's time is the
+  median of its repeats.  Only the op itself is timed, not the
   interpreter's Python overhead between ops.
 - **time on a CPU**: ``time.perf_counter`` around each op (CPU ops are
-  synchronous), same warm-up and median.
+  synchronous), same one-pass structure, warm-up and median.
+- **calibration**: the whole step is timed as it runs (the joint graph's
+  generated code, one event pair per run, median of ``repeats``), and every
+  op's time is scaled by ``measured step / sum of op times`` so that the
+  times add up to the measured step; the factor and the spread (relative
+  interquartile ranges of the step, of each pass's op sum and of the ops,
+  across repeats) are recorded in ``provenance.extra["profile"]``.
 - **workspace on a GPU**: one extra pass; before each op
   ``torch.cuda.reset_peak_memory_stats``, after it
   ``max_memory_allocated - memory_allocated(before) - new output bytes``
@@ -53,9 +60,10 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import LibraOptError
 from .problem import DeviceProfile, Provenance, RematProblem
@@ -66,7 +74,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ProfilingError", "profile_step", "profile", "measure_bandwidth", "device_profile", "OPTIMIZERS"]
+__all__ = ["ProfilingError", "profile_step", "profile", "measure_bandwidth", "measure_memory_bandwidth",
+           "device_profile", "profile_agreement", "profile_summary", "OPTIMIZERS"]
 
 #: optimizers whose state :func:`~libra_opt.capture.build_problem` accounts for
 OPTIMIZERS = ("none", "sgd", "adam", "adamw")
@@ -92,6 +101,37 @@ def _as_device(device: str | torch.device | None) -> torch.device:
     if d.type == "cuda" and d.index is None:
         d = torch.device("cuda", torch.cuda.current_device())
     return d
+
+
+def _measured_device(device: str | torch.device | None) -> tuple[torch.device, str]:
+    """``(device, its cache key)``; raises :class:`ProfilingError` for CUDA without CUDA."""
+    dev = _as_device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ProfilingError(f"device {dev} requested but CUDA is not available; profile with device='cpu'")
+    return dev, str(dev)
+
+
+def _median_copy_s(dst: torch.Tensor, src: torch.Tensor, repeats: int) -> float:
+    """Median seconds of ``dst.copy_(src)`` over ``repeats`` copies after one
+    untimed copy: CUDA events on the current stream when either side is on a
+    GPU (``non_blocking``: pinned host memory copies asynchronously),
+    ``perf_counter`` otherwise."""
+    cuda = dst.is_cuda or src.is_cuda
+    dst.copy_(src, non_blocking=cuda)  # warm-up (faults host pages in)
+    samples = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            samples.append(time.perf_counter() - t0)
+    return max(statistics.median(samples), 1e-12)
 
 
 def measure_bandwidth(device: str | torch.device | None = None, *, nbytes: int | None = None,
@@ -125,53 +165,88 @@ def measure_bandwidth(device: str | torch.device | None = None, *, nbytes: int |
     Results are cached per device for the life of the process.  Source:
     ``torch.cuda.Event``, ``Tensor.pin_memory``.
     """
-    dev = _as_device(device)
-    key = str(dev)
+    dev, key = _measured_device(device)
     if key in _BANDWIDTH_CACHE and nbytes is None:
         return _BANDWIDTH_CACHE[key]
     repeats = max(1, int(repeats))
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ProfilingError(f"device {key} requested but CUDA is not available; profile with device='cpu'")
         n = int(nbytes or 256 * 2**20)
         host = torch.empty(n, dtype=torch.uint8, pin_memory=True)
         host.fill_(1)
         dbuf = torch.empty(n, dtype=torch.uint8, device=dev)
-        stream = torch.cuda.current_stream(dev)
-
-        def timed(dst: torch.Tensor, src: torch.Tensor) -> float:
-            dst.copy_(src, non_blocking=True)  # warm-up
-            samples = []
-            for _ in range(repeats):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(stream)
-                dst.copy_(src, non_blocking=True)
-                end.record(stream)
-                end.synchronize()
-                samples.append(start.elapsed_time(end) / 1e3)
-            return n / max(statistics.median(samples), 1e-9)
-
         with torch.cuda.device(dev):
-            h2d = timed(dbuf, host)
-            d2h = timed(host, dbuf)
+            h2d = n / _median_copy_s(dbuf, host, repeats)
+            d2h = n / _median_copy_s(host, dbuf, repeats)
         del host, dbuf
     else:
         n = int(nbytes or 64 * 2**20)
         src = torch.ones(n, dtype=torch.uint8)
         dst = torch.zeros(n, dtype=torch.uint8)
-        dst.copy_(src)  # fault the pages in
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            samples.append(time.perf_counter() - t0)
-        h2d = d2h = n / max(statistics.median(samples), 1e-9)
+        h2d = d2h = n / _median_copy_s(dst, src, repeats)  # the first copy faults the pages in
         del src, dst
     result = (float(h2d), float(d2h))
     if nbytes is None:
         _BANDWIDTH_CACHE[key] = result
     logger.info("bandwidth on %s: h2d %.2f GB/s, d2h %.2f GB/s", key, result[0] / 1e9, result[1] / 1e9)
     return result
+
+
+_MEMORY_BANDWIDTH_CACHE: dict[str, float] = {}
+
+
+def measure_memory_bandwidth(device: str | torch.device | None = None, *, nbytes: int | None = None,
+                             repeats: int = 5) -> float:
+    """Device-memory bandwidth, bytes moved (read + written) per second.
+
+    Parameters
+    ----------
+    device : str or torch.device, optional
+        ``"cuda"`` / ``"cuda:1"`` or ``"cpu"`` (default).
+    nbytes : int, optional
+        Buffer size in bytes (default 512 MiB on a GPU, 64 MiB on a CPU).
+    repeats : int
+        Timed copies; the median is reported.
+
+    Returns
+    -------
+    float
+        ``2 * nbytes / t`` for a device-to-device ``Tensor.copy_`` of
+        ``nbytes`` (each byte read once and written once), ``t`` timed with
+        CUDA events on a GPU and ``time.perf_counter`` on a CPU.  This is what
+        a fused, memory-bound kernel can stream, and what
+        :func:`libra_opt.costs.recompute_times` divides a recomputed
+        pointwise op's bytes by.
+
+    Raises
+    ------
+    ProfilingError
+        ``device`` is CUDA but CUDA is not available.
+
+    Notes
+    -----
+    Cached per device for the life of the process (when ``nbytes`` is not
+    given).  Source: ``torch.cuda.Event(enable_timing=True)``; the
+    copy-kernel bandwidth test of the CUDA samples (``bandwidthTest``,
+    device-to-device mode, which also counts read + write).
+    """
+    dev, key = _measured_device(device)
+    if key in _MEMORY_BANDWIDTH_CACHE and nbytes is None:
+        return _MEMORY_BANDWIDTH_CACHE[key]
+    repeats = max(1, int(repeats))
+    if dev.type == "cuda":
+        n = int(nbytes or 512 * 2**20)
+        with torch.cuda.device(dev):
+            src = torch.ones(n, dtype=torch.uint8, device=dev)
+            seconds = _median_copy_s(torch.empty_like(src), src, repeats)
+            del src
+    else:
+        n = int(nbytes or 64 * 2**20)
+        seconds = _median_copy_s(torch.zeros(n, dtype=torch.uint8), torch.ones(n, dtype=torch.uint8), repeats)
+    bw = float(2 * n / seconds)
+    if nbytes is None:
+        _MEMORY_BANDWIDTH_CACHE[key] = bw
+    logger.info("device-memory bandwidth on %s: %.1f GB/s", key, bw / 1e9)
+    return bw
 
 
 def _cpu_name() -> str:
@@ -207,7 +282,8 @@ def device_profile(device: str | torch.device | None = None) -> DeviceProfile:
         ``torch.cuda.get_device_properties`` (bytes), measured pinned
         bandwidths, ``copies_overlap_compute=True``.  CPU: ``"cpu (<model>,
         <n> threads)"``, physical memory (bytes), memcpy rate,
-        ``copies_overlap_compute=False``.
+        ``copies_overlap_compute=False``.  Both: the device-memory
+        bandwidth of :func:`measure_memory_bandwidth`.
 
     Raises
     ------
@@ -216,13 +292,15 @@ def device_profile(device: str | torch.device | None = None) -> DeviceProfile:
     """
     dev = _as_device(device)
     h2d, d2h = measure_bandwidth(dev)
+    mem_bw = measure_memory_bandwidth(dev)
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         return DeviceProfile(name=torch.cuda.get_device_name(dev), total_memory_bytes=int(props.total_memory),
-                             h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, copies_overlap_compute=True)
+                             h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, copies_overlap_compute=True,
+                             memory_bytes_per_s=mem_bw)
     return DeviceProfile(name=f"cpu ({_cpu_name()}, {torch.get_num_threads()} threads)",
                          total_memory_bytes=_host_memory_bytes(), h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h,
-                         copies_overlap_compute=False)
+                         copies_overlap_compute=False, memory_bytes_per_s=mem_bw)
 
 
 # ------------------------------------------------------------------ per-node
@@ -325,7 +403,8 @@ def _show_progress(progress: bool) -> bool:
 
 
 def profile_step(step: "CapturedStep", device: str | torch.device | None = None, *, warmup: int = 2,
-                 repeats: int = 5, progress: bool = True) -> dict:
+                 repeats: int = 5, progress: bool = True, calibrate: bool = True,
+                 step_time_s: float | None = None) -> dict:
     """Measure each op of a captured step: time (median, s) and workspace (bytes).
 
     Parameters
@@ -343,16 +422,42 @@ def profile_step(step: "CapturedStep", device: str | torch.device | None = None,
         Timed passes (>= 1); each node's time is its median over them.
     progress : bool
         Show a ``tqdm`` bar (only when stderr is a terminal).
+    calibrate : bool
+        Scale every op's time by ``measured step / sum of op times`` so that
+        the per-op times add up to the step as it really runs (default).
+        The factor is recorded either way.
+    step_time_s : float, optional
+        The measured step to calibrate to, seconds (e.g. a compiled step
+        timed by the caller).  Default: the joint graph run as a whole (its
+        generated code, ``GraphModule.__call__``, op after op as the eager
+        executor runs it), timed ``repeats`` times after ``warmup`` runs with
+        one CUDA event pair (or ``perf_counter``) per run, median.
 
     Returns
     -------
     dict
         ``"times"``: ``{fx node name: seconds}`` for every ``call_function``
         node except ``getitem`` (folded into its producer by
-        ``build_problem``); ``"workspace"``: ``{fx node name: bytes}`` (all 0
-        on a CPU); ``"step_time_s"``: sum of the median node times (s);
-        ``"timer"``: ``"cuda-events"`` or ``"perf_counter"``; ``"device"``:
-        the device string; ``"warmup"``, ``"repeats"``.
+        ``build_problem``), calibrated if ``calibrate``; ``"workspace"``:
+        ``{fx node name: bytes}`` (all 0 on a CPU); ``"step_time_s"``: sum of
+        ``"times"`` (s); ``"op_sum_s"``: sum of the uncalibrated median op
+        times (s); ``"measured_step_s"``: the whole step calibrated to (s);
+        ``"calibration"``: ``measured_step_s / op_sum_s`` (the factor applied
+        when ``calibrate``); ``"calibrated"``: bool; ``"spread"``: relative
+        interquartile ranges ((q75 - q25) / median) across the repeats:
+        ``"step"`` of the measured whole step, ``"op_sum"`` of each pass's
+        sum of op times, ``"op_weighted"`` the mean of the ops' relative IQRs
+        weighted by their median times; ``"timer"``: ``"cuda-events"`` or
+        ``"perf_counter"``; ``"device"``: the device string; ``"warmup"``,
+        ``"repeats"``.
+
+    How each op is timed: one pass of the graph per repeat, an event pair
+    (GPU) or ``perf_counter`` pair (CPU) around each op, nothing synchronized
+    until the end of the pass.  On a GPU an op's event pair also holds the
+    launch gaps while the device waits for the host, so the raw sum over-
+    states a launch-bound step (GPT-2 medium on an H100: 200 ms against 134
+    ms measured, ``gpu-measurements/README.md``); calibration spreads the
+    measured step over the ops in proportion to their times.
 
     Raises
     ------
@@ -409,12 +514,108 @@ def profile_step(step: "CapturedStep", device: str | torch.device | None = None,
         bar.close()
     times = {k: float(statistics.median(v)) if v else 0.0 for k, v in samples.items()}
     workspace = {n.name: int(runner.workspace.get(n.name, 0)) for n in timed}
+    op_sum = math.fsum(times.values())
+    pass_sums = [math.fsum(v[k] for v in samples.values() if k < len(v)) for k in range(int(repeats))]
+    if step_time_s is None:
+        whole = _time_whole_step(gm, inputs, dev, warmup=int(warmup), repeats=int(repeats))
+        measured = float(statistics.median(whole))
+    else:
+        if not step_time_s > 0 or math.isinf(step_time_s):
+            raise ProfilingError(f"step_time_s must be a positive number of seconds, got {step_time_s!r}")
+        whole, measured = [], float(step_time_s)
+    factor = measured / op_sum if op_sum > 0 else 1.0
+    if calibrate and op_sum > 0:
+        times = {k: v * factor for k, v in times.items()}
+    spread = {"step": _relative_iqr(whole), "op_sum": _relative_iqr(pass_sums),
+              "op_weighted": (math.fsum(statistics.median(v) * _relative_iqr(v) for v in samples.values() if v)
+                              / op_sum if op_sum > 0 else 0.0)}
     step_s = math.fsum(times.values())
-    logger.info("profiled %s: %d ops, step %.4f s (compute), %.1f s of profiling", name, len(timed), step_s,
-                time.perf_counter() - t_start)
-    return {"times": times, "workspace": workspace, "step_time_s": step_s,
-            "timer": "cuda-events" if dev.type == "cuda" else "perf_counter", "device": str(dev),
-            "warmup": int(warmup), "repeats": int(repeats)}
+    logger.info("profiled %s: %d ops, op sum %.4f s, measured step %.4f s (calibration x%.3f), spread %s; "
+                "%.1f s of profiling", name, len(timed), op_sum, measured, factor,
+                {k: round(v, 4) for k, v in spread.items()}, time.perf_counter() - t_start)
+    return {"times": times, "workspace": workspace, "step_time_s": step_s, "op_sum_s": op_sum,
+            "measured_step_s": measured, "calibration": factor, "calibrated": bool(calibrate and op_sum > 0),
+            "spread": spread, "timer": "cuda-events" if dev.type == "cuda" else "perf_counter",
+            "device": str(dev), "warmup": int(warmup), "repeats": int(repeats)}
+
+
+def profile_summary(measured: dict) -> dict:
+    """The part of :func:`profile_step`'s result recorded in a problem's
+    ``provenance.extra["profile"]``: ``op_sum_s``, ``measured_step_s``,
+    ``calibration``, ``calibrated``, ``spread`` (JSON values)."""
+    return {k: measured[k] for k in ("op_sum_s", "measured_step_s", "calibration", "calibrated", "spread")}
+
+
+def _relative_iqr(values: list[float]) -> float:
+    """``(q75 - q25) / median`` of ``values`` (0 for fewer than two values or a zero median)."""
+    if len(values) < 2:
+        return 0.0
+    q25, q50, q75 = np.percentile(np.asarray(values, dtype=np.float64), [25, 50, 75])
+    return float((q75 - q25) / q50) if q50 > 0 else 0.0
+
+
+def _time_whole_step(gm: torch.fx.GraphModule, inputs: list, dev: torch.device, *, warmup: int,
+                     repeats: int) -> list[float]:
+    """Seconds per run of the whole joint graph (``repeats`` runs after
+    ``warmup``), one CUDA event pair or ``perf_counter`` pair per run."""
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    args = tuple(tree_unflatten(inputs, info.in_spec)) if info is not None and info.in_spec is not None \
+        else tuple(inputs)   # the joint graph takes (primals, tangents) lists: rebuild them from the flat inputs
+    samples = []
+    with torch.no_grad():
+        for k in range(warmup + repeats):
+            if dev.type == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                out = gm(*args)
+                end.record()
+                end.synchronize()
+                dt = start.elapsed_time(end) / 1e3
+            else:
+                t0 = time.perf_counter()
+                out = gm(*args)
+                dt = time.perf_counter() - t0
+            del out
+            if k >= warmup:
+                samples.append(dt)
+    return samples
+
+
+def profile_agreement(a: dict | RematProblem, b: dict | RematProblem) -> dict:
+    """How well two profiles of one graph agree.
+
+    Parameters
+    ----------
+    a, b : dict or RematProblem
+        Results of :func:`profile_step` (their ``"times"``) or problems (node
+        ``time_s`` by node name) of the same graph.
+
+    Returns
+    -------
+    dict
+        ``"step"``: ``|sum a - sum b| / mean of the sums``; ``"ops"``: the
+        time-weighted relative difference of the ops, ``sum |a_i - b_i| /
+        mean of the sums``; ``"ops_compared"``: how many ops both hold.  The
+        issue-10 target on a GPU is ``"step" <= 0.05``.
+
+    Raises
+    ------
+    ProfilingError
+        The two profiles share no op name (different graphs).
+    """
+    def times_of(x) -> dict[str, float]:
+        if isinstance(x, RematProblem):
+            return {n.name: n.time_s for n in x.nodes}
+        return dict(x["times"])
+
+    ta, tb = times_of(a), times_of(b)
+    common = sorted(set(ta) & set(tb))
+    if not common:
+        raise ProfilingError("the two profiles share no op: they are not profiles of one graph")
+    sa, sb = math.fsum(ta[k] for k in common), math.fsum(tb[k] for k in common)
+    mean = (sa + sb) / 2 or 1.0
+    return {"step": abs(sa - sb) / mean, "ops": math.fsum(abs(ta[k] - tb[k]) for k in common) / mean,
+            "ops_compared": len(common)}
 
 
 # ------------------------------------------------------------------ pipeline
@@ -442,7 +643,8 @@ def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs
             loss_fn: Callable[[Any], torch.Tensor] | None = None, optimizer: str = "adam",
             device: str | torch.device | None = None, autocast_dtype: torch.dtype | None = None,
             batch: int | None = None, seq: int | None = None, dtype: torch.dtype = torch.float32,
-            warmup: int = 2, repeats: int = 5, progress: bool = True, name: str | None = None) -> RematProblem:
+            warmup: int = 2, repeats: int = 5, progress: bool = True, name: str | None = None,
+            calibrate: bool = True) -> RematProblem:
     """Capture one training step, profile it, and build its :class:`RematProblem`.
 
     Parameters
@@ -470,7 +672,7 @@ def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs
         :func:`libra_opt.zoo.build_model`); ``batch``/``seq`` are also
         recorded in the provenance for a plain model (``batch`` defaults to
         the leading dimension of its first input tensor).
-    warmup, repeats, progress
+    warmup, repeats, progress, calibrate
         See :func:`profile_step`.
     name : str, optional
         Problem name (default ``"<model>-b<batch>[-s<seq>]"``).
@@ -482,7 +684,9 @@ def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs
         ``time_s`` and ``workspace_bytes``; the device profile of
         :func:`device_profile`; provenance (model, batch, seq, dtype, torch
         version, UTC date, and in ``extra``: device, timer, warm-up, repeats,
-        optimizer, transformers version, description).
+        optimizer, transformers version, description, and ``"profile"``:
+        ``op_sum_s``, ``measured_step_s``, ``calibration``, ``calibrated``,
+        ``spread`` of :func:`profile_step`).
 
     Raises
     ------
@@ -527,7 +731,7 @@ def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs
     t0 = time.perf_counter()
     step = capture(model, args, kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
     logger.info("captured %s in %.1f s", model_name, time.perf_counter() - t0)
-    measured = profile_step(step, dev, warmup=warmup, repeats=repeats, progress=progress)
+    measured = profile_step(step, dev, warmup=warmup, repeats=repeats, progress=progress, calibrate=calibrate)
     dprof = device_profile(dev)
     try:
         import transformers
@@ -539,6 +743,7 @@ def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs
         torch_version=torch.__version__,
         date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         extra={"device": dprof.name, "timer": measured["timer"], "warmup": measured["warmup"],
+               "profile": profile_summary(measured),
                "repeats": measured["repeats"], "optimizer": optimizer, "transformers_version": tf_version,
                "autocast_dtype": _dtype_name(autocast_dtype), "description": desc,
                "threads": torch.get_num_threads() if dev.type == "cpu" else None})

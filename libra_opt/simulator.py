@@ -10,7 +10,9 @@ one copy queue per direction and accounts memory per storage
   recompute of it allocates a fresh buffer);
 - a swapped-in storage is allocated when the ``SwapIn`` is issued (the runtime
   allocates it on the compute stream at that point) and usable after ``Wait``;
-- time: compute is serial; each copy starts when issued and its queue is free
+- time: compute is serial; a first computation costs the node's ``time_s``,
+  a recompute its ``problem.recompute_time`` (the executor's cost model,
+  :mod:`libra_opt.costs`: equal to ``time_s`` for the eager executor); each copy starts when issued and its queue is free
   (a swap-in also waits for the swap-out of the same storage); ``Wait`` stalls
   the compute stream until the copy has arrived.  On a device whose copies do
   not overlap compute (a CPU), every copy occupies the compute timeline.
@@ -103,7 +105,7 @@ class Simulator(ScheduleInterpreter):
         super().__init__(problem)
         self.budget = budget_bytes
         p = problem
-        self._nbytes, self._storage, self._is_input, self._node_facts = _facts(p)
+        self._nbytes, self._storage, self._is_input, self._node_facts, self._recompute_time = _facts(p)
         self._overlap = p.device.copies_overlap_compute
         self._outputs = p.output_set
         self._h2d = float(p.device.h2d_bytes_per_s)
@@ -194,6 +196,7 @@ class Simulator(ScheduleInterpreter):
                 node = self.problem.nodes[nid]
                 self.fail(f"node {node.name!r} ({node.target}) is not recomputable (random or mutating op) "
                           f"but is computed again: keep or swap its outputs instead")
+            time_s = self._recompute_time[nid]  # the executor's cost model (libra_opt.costs)
             self.recompute_s += time_s
         else:
             computed.add(nid)
@@ -375,11 +378,13 @@ _FACTS: "weakref.WeakKeyDictionary[RematProblem, tuple]" = weakref.WeakKeyDictio
 def _facts(p: RematProblem) -> tuple:
     """Per-problem lists the simulator reads on every instruction (built once;
     a RematProblem is not changed after it is built): tensor bytes, storage,
-    is-input, and per node ``(inputs, outputs, recomputable, time_s,
-    workspace_bytes)``."""
+    is-input, per node ``(inputs, outputs, recomputable, time_s,
+    workspace_bytes)``, and per node the time of a recompute under the
+    problem's executor cost model (``problem.recompute_time``)."""
     f = _FACTS.get(p)
     if f is None:
         f = _FACTS[p] = ([t.nbytes for t in p.tensors], [t.storage for t in p.tensors],
                          [t.kind == INPUT for t in p.tensors],
-                         [(n.inputs, n.outputs, n.recomputable, n.time_s, n.workspace_bytes) for n in p.nodes])
+                         [(n.inputs, n.outputs, n.recomputable, n.time_s, n.workspace_bytes) for n in p.nodes],
+                         p.recompute_time.tolist())
     return f

@@ -160,7 +160,11 @@ class CheckmateGraph:
     transient_bytes : ndarray of int64, shape (n,)
         Bytes allocated only while the node runs: workspace + dead outputs.
     cost_s : ndarray of float64, shape (n,)
-        Compute time per node, seconds.
+        Compute time per node, seconds (a node's first computation).
+    recompute_cost_s : ndarray of float64, shape (n,)
+        Time of a recomputation per node under the problem's executor cost
+        model (``problem.recompute_time``, :mod:`libra_opt.costs`), seconds:
+        the objective's coefficient of ``R[t, i]`` for ``i < t``.
     recomputable : ndarray of bool, shape (n,)
         False for the problem's non-recomputable nodes and for nodes owning a
         storage that holds a step output.
@@ -200,6 +204,7 @@ class CheckmateGraph:
     last_use: np.ndarray
     needers: tuple
     values: str = "tensor"
+    recompute_cost_s: np.ndarray | None = None
 
     @classmethod
     def from_problem(cls, problem: RematProblem, values: str = "tensor") -> "CheckmateGraph":
@@ -299,7 +304,7 @@ class CheckmateGraph:
                    users=tuple(tuple(u) for u in users), mem_bytes=mem, alloc_bytes=alloc, pinned_bytes=pinned_b,
                    transient_bytes=transient, cost_s=p.node_time.copy(), recomputable=recomputable,
                    ties=tuple(sorted(ties)), node_last_need=node_last_need, last_need=last_need, last_use=last_use,
-                   needers=tuple(needers), values=values)
+                   needers=tuple(needers), values=values, recompute_cost_s=p.recompute_time.copy())
 
     # ------------------------------------------------------------------ derived
     @cached_property
@@ -515,7 +520,8 @@ class CheckmateModel:
         for t in range(n):
             for i in range(t + 1):
                 if g.r_exists(t, i):
-                    r_idx[t, i] = new_var(1.0 if i == t else 0.0, 1.0, g.cost_s[i] / self.time_scale, integral)
+                    cost = g.cost_s[i] if i == t or g.recompute_cost_s is None else g.recompute_cost_s[i]
+                    r_idx[t, i] = new_var(1.0 if i == t else 0.0, 1.0, cost / self.time_scale, integral)
         for t in range(1, n):
             for v in range(nv):
                 if g.s_exists(t, v):

@@ -319,7 +319,8 @@ def coarsen(problem: RematProblem, target_nodes: int) -> CoarseProblem:
             target=first.target if a + 1 == b else f"coarse[{b - a}]", phase=first.phase,
             time_s=float(sum(p.nodes[m].time_s for m in members)), workspace_bytes=int(work),
             recomputable=all(p.nodes[m].recomputable for m in members), inputs=tuple(ins), outputs=tuple(outs),
-            module=modules.pop() if len(modules) == 1 else ""))
+            module=modules.pop() if len(modules) == 1 else "",
+            pointwise=all(p.nodes[m].pointwise for m in members)))  # a fused pointwise chain (libra_opt.costs)
     consumers: dict[int, list[int]] = {}
     for nd in nodes:
         for c in nd.inputs:
@@ -344,7 +345,7 @@ def coarsen(problem: RematProblem, target_nodes: int) -> CoarseProblem:
                                   shape=t.shape if single else None, dtype=t.dtype if single else None))
     coarse_outputs = list(dict.fromkeys(cid[key_of[o]] for o in p.outputs))
     coarse = RematProblem(nodes, new_tensors, coarse_outputs, fixed=p.fixed, device=p.device,
-                          provenance=p.provenance, name=f"{p.name}/coarse{len(nodes)}")
+                          provenance=p.provenance, name=f"{p.name}/coarse{len(nodes)}", executor=p.executor)
     log.info("coarsened %s: %d -> %d nodes, %d -> %d tensors", p.name, p.num_nodes, len(nodes), len(tensors),
              len(new_tensors))
     return CoarseProblem(problem=coarse, original=p, groups=tuple(tuple(range(a, b)) for a, b in segs),

@@ -170,7 +170,7 @@ class ChainReplay:
                     if refs[s] == 0 and not allocated_before(s):
                         cur -= nb[s]
 
-        n_outputs, n_recomp, n_time, n_ws = self.n_outputs, self.n_recomp, self.n_time, self.n_ws
+        n_outputs, n_recomp, n_time, n_ws = self.n_outputs, self.n_recomp, self.n_rtime, self.n_ws
         for sw, x in steps:
             if sw:
                 if live(x):

@@ -125,6 +125,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         self.n_inputs = [n.inputs for n in p.nodes]
         self.n_outputs = [n.outputs for n in p.nodes]
         self.n_time = [n.time_s for n in p.nodes]
+        self.n_rtime = p.recompute_time.tolist()  # a recompute's cost under the executor's model (libra_opt.costs)
         self.n_ws = [n.workspace_bytes for n in p.nodes]
         self.n_recomp = [n.recomputable for n in p.nodes]
         self.views = p.storage_views

@@ -72,7 +72,7 @@ class _Refiner(Finisher):
         # Columns: _O_REC, _O_HID, _O_LATE.  An option refused because it would raise position
         # ``bat`` by ``bmem`` bytes to the peak is left out while that would still reach the peak.
         self.cost = np.zeros((tl.nw, 3))
-        self.cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.node_time[tl.w_prod], np.inf)
+        self.cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
         if not self.allow_swap:
             self.cost[:, _O_HID] = self.cost[:, _O_LATE] = np.inf
         self.hid_lo = self.lo.copy()

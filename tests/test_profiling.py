@@ -10,7 +10,8 @@ import torch
 
 from libra_opt.capture import build_problem, capture
 from libra_opt.problem import BACKWARD, FORWARD, RematProblem
-from libra_opt.profiling import ProfilingError, device_profile, measure_bandwidth, profile, profile_step
+from libra_opt.profiling import (ProfilingError, device_profile, measure_bandwidth, measure_memory_bandwidth, profile,
+                                 profile_agreement, profile_step)
 from libra_opt.simulator import no_remat_peak, simulate
 from libra_opt.zoo import build_model
 
@@ -42,6 +43,36 @@ def test_profile_step_times_every_op_in_graph_order(tiny_step):
     problem = build_problem(step, times=m["times"], workspace=m["workspace"])
     assert [n.name for n in problem.nodes] == order
     assert [n.time_s for n in problem.nodes] == [m["times"][name] for name in order]
+
+
+def test_profile_step_calibrates_op_times_to_the_measured_step(tiny_step):
+    _, step = tiny_step
+    m = profile_step(step, warmup=1, repeats=3, progress=False)
+    # the per-op times add up to the whole step as measured, and the factor is what was applied
+    assert m["calibrated"] and m["measured_step_s"] > 0 and m["op_sum_s"] > 0
+    assert m["step_time_s"] == pytest.approx(m["measured_step_s"], rel=1e-9)
+    assert m["calibration"] == pytest.approx(m["measured_step_s"] / m["op_sum_s"], rel=1e-12)
+    assert set(m["spread"]) == {"step", "op_sum", "op_weighted"} and all(v >= 0 for v in m["spread"].values())
+    # an external measurement is honoured; calibrate=False keeps the raw medians and still reports the factor
+    ext = profile_step(step, warmup=0, repeats=2, progress=False, step_time_s=0.5)
+    assert ext["step_time_s"] == pytest.approx(0.5) and ext["measured_step_s"] == 0.5
+    raw = profile_step(step, warmup=0, repeats=2, progress=False, calibrate=False, step_time_s=0.5)
+    assert not raw["calibrated"] and raw["step_time_s"] == pytest.approx(raw["op_sum_s"])
+    assert raw["calibration"] == pytest.approx(0.5 / raw["op_sum_s"])
+    with pytest.raises(ProfilingError, match="step_time_s"):
+        profile_step(step, warmup=0, repeats=1, progress=False, step_time_s=-1.0)
+
+
+def test_profile_agreement_of_two_profiles(tiny_step):
+    _, step = tiny_step
+    a = profile_step(step, warmup=0, repeats=2, progress=False, step_time_s=1.0)
+    same = profile_agreement(a, a)
+    assert same["step"] == 0.0 and same["ops"] == 0.0 and same["ops_compared"] == len(a["times"])
+    doubled = {"times": {k: 2 * v for k, v in a["times"].items()}}
+    # sums 1 and 2 s: |1 - 2| / 1.5
+    assert profile_agreement(a, doubled)["step"] == pytest.approx(1 / 1.5)
+    with pytest.raises(ProfilingError, match="share no op"):
+        profile_agreement(a, {"times": {"nothing": 1.0}})
 
 
 def test_profile_step_leaves_parameters_and_buffers_unchanged(tiny_step):
@@ -88,6 +119,9 @@ def test_profile_records_device_and_provenance(tiny_problem):
     dv = p.device
     assert dv.name.startswith("cpu") and not dv.copies_overlap_compute
     assert dv.h2d_bytes_per_s > 0 and dv.d2h_bytes_per_s > 0
+    assert dv.memory_bytes_per_s == measure_memory_bandwidth("cpu") > 0
+    prof = pv.extra["profile"]
+    assert prof["calibrated"] and p.total_compute_s == pytest.approx(prof["measured_step_s"], rel=1e-9)
     # adam keeps two moments per trainable parameter byte
     n_bytes = sum(q.numel() * q.element_size() for q in build_model("gpt2-tiny", 1).model.parameters())
     assert p.fixed.optimizer_state_bytes == 2 * p.fixed.gradients_bytes == 2 * n_bytes
@@ -144,6 +178,7 @@ def test_cli_profile_then_simulate(tmp_path, capsys):
     text = capsys.readouterr().out
     p = load_problem(out)
     assert f"nodes: {p.num_nodes}" in text and "no-remat peak" in text and "step time" in text
+    assert f"calibrated x{p.provenance.extra['profile']['calibration']:.3f}" in text
     assert p.provenance.model == "gpt2-tiny" and p.fixed.optimizer == "sgd"
     assert p.provenance.extra["command"] == (f"libra-opt profile --model gpt2-tiny --batch 2 --seq 16 "
                                              f"--dtype float32 --device cpu --optimizer sgd --warmup 0 "
@@ -170,3 +205,15 @@ def test_profile_on_cuda_measures_workspace_and_bandwidth():
     assert all(n.workspace_bytes >= 0 for n in p.nodes)
     assert p.device.copies_overlap_compute and p.device.total_memory_bytes > 0
     assert p.device.h2d_bytes_per_s > 1e9 and p.provenance.extra["timer"] == "cuda-events"
+    assert p.device.memory_bytes_per_s > 1e11   # device memory streams far faster than PCIe
+
+
+@pytest.mark.cuda
+def test_two_cuda_profiles_of_one_graph_agree():
+    """Issue 10: the calibrated step of two profiles of one graph within 5 %."""
+    zm = build_model("gpt2-tiny", batch=8, seq=64, device="cuda")
+    step = capture(zm.model, zm.args, zm.kwargs, loss_fn=zm.loss_fn)
+    a = profile_step(step, warmup=3, repeats=10, progress=False)
+    b = profile_step(step, warmup=3, repeats=10, progress=False)
+    assert a["step_time_s"] == pytest.approx(a["measured_step_s"], rel=1e-9)
+    assert profile_agreement(a, b)["step"] <= 0.05

@@ -26,6 +26,12 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", metavar="FILE", help="problem JSON (libra-opt schema) or node-link remat graph")
     p.add_argument("--bandwidth", metavar="BYTES_PER_S", type=float,
                    help="for remat graphs only: host<->device bandwidth each way (bytes per cost unit)")
+    p.add_argument("--executor", choices=["eager", "inductor"],
+                   help="price recomputes as this executor runs them (libra_opt.costs.for_executor; default: as "
+                        "the file says, eager for files without the field)")
+    p.add_argument("--memory-bandwidth", metavar="BYTES_PER_S", type=positive_float,
+                   help="device-memory bandwidth (read + written, bytes per second) for --executor inductor on "
+                        "problems profiled before it was measured")
 
 
 def report_unreadable(command: str, e: OSError) -> None:
@@ -38,14 +44,22 @@ def read_problem(args: argparse.Namespace, command: str):
     :func:`libra_opt.importers.load_problem_any`), or ``None`` after printing
     the error when the file cannot be read (the command then exits 2).
     Corrupt files raise :class:`~libra_opt.errors.ProblemFileError`, which
-    ``libra_opt.cli.main`` reports."""
+    ``libra_opt.cli.main`` reports.  With ``--executor`` the problem is priced
+    for that executor (:func:`libra_opt.costs.for_executor`, whose
+    :class:`~libra_opt.errors.ProblemError` names a missing bandwidth)."""
     from libra_opt.importers import load_problem_any
 
     try:
-        return load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
+        problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
     except OSError as e:
         report_unreadable(command, e)
         return None
+    executor = getattr(args, "executor", None)
+    if executor is not None or getattr(args, "memory_bandwidth", None) is not None:
+        from libra_opt.costs import for_executor
+
+        problem = for_executor(problem, executor or problem.executor, memory_bytes_per_s=args.memory_bandwidth)
+    return problem
 
 
 def check_outputs(*paths: str | None) -> None:

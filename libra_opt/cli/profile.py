@@ -117,6 +117,9 @@ def run(args: argparse.Namespace) -> int:
           f"tensors: {len(problem.tensors)}")
     print(f"no-remat peak: {format_bytes(peak)} graph memory, "
           f"{format_bytes(peak + problem.fixed.resident_bytes)} with parameters, optimizer state and inputs")
-    print(f"step time: {format_seconds(problem.total_compute_s)} (sum of median op times on {problem.device.name})")
+    prof = problem.provenance.extra.get("profile", {})
+    print(f"step time: {format_seconds(problem.total_compute_s)} (sum of median op times on {problem.device.name}"
+          + (f", calibrated x{prof['calibration']:.3f} to the measured step; spread (relative IQR) of the step "
+             f"{prof['spread']['step']:.1%}, of the ops {prof['spread']['op_weighted']:.1%})" if prof else ")"))
     print(f"wrote {path} in {elapsed:.1f} s")
     return 0

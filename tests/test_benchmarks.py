@@ -1,0 +1,191 @@
+"""benchmarks/headline.py and benchmarks/gpu_check.py: the CPU-runnable parts
+(results accumulation, table rendering, keyword handling, target evaluation,
+the command lines) on a tiny model."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+import torch
+
+from libra_opt.errors import LibraOptError
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name):
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod   # dataclasses look their module up; gpu_check imports headline by this name
+        spec.loader.exec_module(mod)
+        return mod
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+hl = _load("headline")
+gc_ = _load("gpu_check")
+
+
+def test_headline_lists_every_method_of_issues_10_and_11():
+    names = set(hl.METHODS)
+    assert {"eager", "checkpoint", "save-on-cpu"} <= names
+    assert {f"compile-amb-{a:g}" for a in (1.0, 0.8, 0.5, 0.3, 0.1)} <= names
+    assert {f"libra-{p}-{e}" for p in ("hybrid", "recompute", "swap") for e in ("eager", "inductor")} <= names
+    assert hl.METHODS["libra-swap-inductor"].options == (("policy", "swap"),)
+
+
+def test_merge_results_accumulates_per_key():
+    store = {}
+    hl.merge_results(store, {"maxbatch": {"eager": {"batch": 4}},
+                             "common": {"4": {"eager": {"samples_per_s": 50.0}}},
+                             "sweep": {"8": {"eager": {"step_s": 1.0, "peak_bytes": 100},
+                                             "rows": {hl.row_key("libra-hybrid-eager", "0.5"): {"step_s": 1.2}}}}})
+    # a later call: another method, another budget, the same budget again, another batch
+    hl.merge_results(store, {"maxbatch": {"checkpoint": {"batch": 15}},
+                             "common": {"4": {"checkpoint": {"samples_per_s": 46.0}}, "15": {"eager": {"oom": True}}},
+                             "sweep": {"8": {"rows": {hl.row_key("libra-hybrid-eager", "0.3"): {"step_s": 1.5},
+                                                      hl.row_key("libra-hybrid-eager", "0.5"): {"step_s": 1.1}}}}})
+    assert store["maxbatch"] == {"eager": {"batch": 4}, "checkpoint": {"batch": 15}}
+    assert set(store["common"]["4"]) == {"eager", "checkpoint"} and store["common"]["15"] == {"eager": {"oom": True}}
+    rows = store["sweep"]["8"]["rows"]
+    assert rows == {"libra-hybrid-eager|0.5": {"step_s": 1.1}, "libra-hybrid-eager|0.3": {"step_s": 1.5}}
+    assert store["sweep"]["8"]["eager"] == {"step_s": 1.0, "peak_bytes": 100}   # the reference stays
+
+
+def test_store_merges_across_calls_and_refuses_another_cap(tmp_path):
+    meta = {"model": "m", "cap_bytes": 10, "smoke": True}
+    s = hl.Store(tmp_path / "r.json", meta)
+    s.add({"maxbatch": {"eager": {"batch": 3}}})
+    s2 = hl.Store(tmp_path / "r.json", meta)
+    s2.add({"maxbatch": {"checkpoint": {"batch": 6}}})
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert set(data["maxbatch"]) == {"eager", "checkpoint"}
+    with pytest.raises(LibraOptError, match="--fresh"):
+        hl.Store(tmp_path / "r.json", {**meta, "cap_bytes": 20})
+    assert hl.Store(tmp_path / "r.json", {**meta, "cap_bytes": 20}, fresh=True).data.get("maxbatch") is None
+
+
+def test_render_writes_the_max_batch_table_sweep_and_plot(tmp_path):
+    data = {"meta": {"model": "gpt2-medium", "cap_bytes": 16 << 30, "device": "H100"},
+            "maxbatch": {"eager": {"batch": 4, "samples_per_s": 50.0},
+                         "checkpoint": {"batch": 15, "samples_per_s": 46.0},
+                         "libra-hybrid-eager": {"batch": 19, "samples_per_s": 40.0, "planned_peak_bytes": 15 << 30,
+                                                "reserved_bytes": 15.5 * 2**30, "limit": "memory floor"}},
+            "common": {"4": {"eager": {"samples_per_s": 50.0}, "libra-hybrid-eager": {"samples_per_s": 45.0}}},
+            "sweep": {"8": {"eager": {"step_s": 0.1, "peak_bytes": 1000},
+                            "rows": {"compile-amb-0.5|amb=0.5": {"family": "compile", "method": "compile-amb-0.5",
+                                                                 "setting": "amb=0.5", "step_s": 0.09,
+                                                                 "peak_bytes": 600, "budget_fraction": 0.6,
+                                                                 "added_pct": -10.0, "amb": 0.5},
+                                     "libra-hybrid-eager|0.5": {"family": "libra-hybrid-eager",
+                                                                "method": "libra-hybrid-eager", "setting": "0.5",
+                                                                "step_s": 0.12, "peak_bytes": 500,
+                                                                "budget_fraction": 0.5, "added_pct": 20.0,
+                                                                "simulated_step_s": 0.1, "graph_s": 0.105,
+                                                                "sim_ratio": 0.952}}}}}
+    written = hl.render(data, tmp_path, "h")
+    assert [p.name for p in written] == ["h.md", "h.csv", "h_sweep.png"]
+    md = (tmp_path / "h.md").read_text()
+    # libra: 19 / best PyTorch 15; samples/s at eager's max batch 45 / 50; planned and measured side by side
+    assert "| libra-hybrid-eager | eager | 19 | 1.27 | 40.00 | 45.00 | 0.90 | 15.00 GiB | 15.50 GiB |" in md
+    assert "memory floor" in md and "| libra-hybrid-eager | 0.5 |" in md and "0.952" in md
+    rows = (tmp_path / "h.csv").read_text().splitlines()
+    assert rows[0].startswith("part,batch,method,setting") and any(r.startswith("sweep,8,compile-amb-0.5") for r in rows)
+    assert (tmp_path / "h_sweep.png").stat().st_size > 0
+
+
+def test_libra_keywords_pass_what_the_build_takes():
+    def new(model, *, executor="inductor", calibrate=False):
+        return None
+
+    def old(model):
+        return None
+
+    assert hl.libra_keywords(new, executor="eager", calibrate=True) == ({"executor": "eager", "calibrate": True}, [])
+    kw, notes = hl.libra_keywords(old, executor="eager", calibrate=True)
+    assert kw == {} and "calibrate" in notes[0]          # eager is all an old build runs; the missing loop is noted
+    with pytest.raises(LibraOptError, match="inductor executor cannot run"):
+        hl.libra_keywords(old, executor="inductor", calibrate=None)
+    assert hl.libra_keywords(old, executor=None, calibrate=None) == ({}, [])
+
+
+def test_headline_cpu_sweep_accumulates_across_calls(tmp_path):
+    argv = ["--device", "cpu", "--model", "gpt2-tiny", "--parts", "sweep", "--common-batch", "2", "--repeats", "1",
+            "--memory", "8MiB", "--out", str(tmp_path)]
+    assert hl.main(argv + ["--methods", "checkpoint"]) == 0
+    assert hl.main(argv + ["--methods", "save-on-cpu"]) == 0
+    data = json.loads((tmp_path / "headline_gpt2-tiny.json").read_text())
+    rows = data["sweep"]["2"]["rows"]
+    assert set(rows) == {"checkpoint|-", "save-on-cpu|-"}
+    assert all(r["step_s"] > 0 and r["peak_bytes"] > 0 for r in rows.values())
+    assert "| save-on-cpu | - |" in (tmp_path / "headline_gpt2-tiny.md").read_text()
+
+
+def test_gpu_check_help_runs_on_cpu():
+    out = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "--parts" in out.stdout and "--models" in out.stdout
+    if not torch.cuda.is_available():
+        assert gc_.main([]) == 2          # the GPU targets need a GPU: a message, not a traceback
+
+
+def test_compile_curve_interpolation_and_oom_probes():
+    curve = [(1.0, 0.10), (0.6, 0.12), (0.4, 0.16)]
+    assert gc_.interpolate_curve(curve, 0.5) == pytest.approx(0.14)
+    assert gc_.interpolate_curve(curve, 1.2) == 0.10          # more memory than any point: the fastest there
+    assert gc_.interpolate_curve(curve, 0.3) is None          # compile's curve does not reach this low
+    probes = [[4, True, ""], [8, False, "out of memory: CUDA"], [6, False, "no plan: budget"]]
+    assert gc_.oom_probes(probes) == [[8, False, "out of memory: CUDA"]]
+    a = [torch.tensor([1.0, -2.0]), None]
+    assert gc_.max_rel_grad_diff(a, [torch.tensor([1.0, -1.9]), torch.ones(1)]) == pytest.approx(0.05)
+
+
+def test_gpu_check_cpu_run_records_skips_and_renders(tmp_path):
+    out = tmp_path / "gc.json"
+    assert gc_.main(["--device", "cpu", "--parts", "maxbatch", "--out", str(out)]) == 0
+    checks = json.loads(out.read_text())["checks"]
+    assert {c["status"] for c in checks.values()} == {"SKIP"} and "gpt2-tiny|no-oom" in checks
+    assert "| gpt2-tiny | no-oom | SKIP |" in out.with_suffix(".md").read_text()
+
+
+def test_max_batch_entries_keep_planned_and_measured_peaks(monkeypatch):
+    """headline's libra max batch goes through libra_opt.max_batch.max_batch,
+    passing executor= / calibrate= where it takes them and keeping whatever
+    fields its result has (a fake stands in for the GPU search here)."""
+    import dataclasses as dc
+
+    import libra_opt.max_batch as mb
+    from libra_opt.batch_search import SearchResult, Trial
+
+    @dc.dataclass
+    class Result(mb.MaxBatchResult):
+        planned_reserved_bytes: int | None = None
+        measured_reserved_bytes: int | None = None
+        limit: str = ""
+
+    seen = {}
+
+    def fake(model, memory, method="libra", *, executor=None, calibrate=True, **kw):
+        seen.update(model=model, memory=memory, method=method, executor=executor, calibrate=calibrate, **kw)
+        search = SearchResult(20, (Trial(16, True), Trial(24, False, "out of memory: x"), Trial(20, True)), False)
+        return Result(model, method, memory, 20, 41.0, 20 / 41.0, False, search, ["n"], 15 << 30,
+                      planned_reserved_bytes=15 << 30, measured_reserved_bytes=(15 << 30) + 1, limit="time")
+
+    monkeypatch.setattr(mb, "max_batch", fake)
+    env = hl.Env(device=torch.device("cuda"), cap=16 << 30, smoke=False, autocast=torch.bfloat16, reserve=0.05)
+    entry = hl.maxbatch_via_library(hl.METHODS["libra-recompute-inductor"], "gpt2-medium", 1024, env, 4, None)
+    assert seen["executor"] == "inductor" and seen["calibrate"] is True and seen["start"] == 4
+    assert seen["solver_options"] == {"policy": "recompute"}
+    assert entry["batch"] == 20 and entry["samples_per_s"] == 41.0 and entry["limit"] == "time"
+    assert entry["planned_reserved_bytes"] == 15 << 30 and entry["measured_reserved_bytes"] == (15 << 30) + 1
+    assert gc_.oom_probes(entry["probes"]) == [[24, False, "out of memory: x"]]
+    row = hl.maxbatch_rows({"maxbatch": {"libra-recompute-inductor": entry}})[0]
+    assert (row["planned_peak_bytes"], row["reserved_bytes"], row["limit"]) == (15 << 30, (15 << 30) + 1, "time")

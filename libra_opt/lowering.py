@@ -338,6 +338,7 @@ class _Lowerer:
         self.resident: set[int] = set()
         self.arriving: set[int] = set()
         self.host: set[int] = set()
+        self.held: set[int] = set()   # bases kept past their last use while a view holds their storage
         live = self.resident
         host, arriving = self.host, self.arriving
         is_act, last, freeable, storage, off = self._is_act, self._last, self._freeable, self._storage, self.off
@@ -358,6 +359,7 @@ class _Lowerer:
         dynamic = {i for s in off for i in self._storage_nodes.get(s, ())}
         dynamic.update(i for t in self.until for i in self._storage_nodes.get(storage[t], ()))
         regen_at = self.regen_at
+        held = self.held
         for i, node in enumerate(self.nodes):
             ins = node.inputs
             if i in regen_at:
@@ -390,9 +392,15 @@ class _Lowerer:
                 if i in retain_end:
                     touched.update(t for t in retain_end[i] if t in live)
                 for t in sorted(touched):
-                    if freeable[t] and t in live and (last[t] <= i or (storage[t] in off and is_off(storage[t], i))):
-                        append(free_instr[t])
-                        live.discard(t)
+                    if freeable[t] and t in live:
+                        if storage[t] in off and is_off(storage[t], i):
+                            append(free_instr[t])
+                            live.discard(t)
+                        elif last[t] <= i and not self._hold_base(t, i):
+                            append(free_instr[t])
+                            live.discard(t)
+                if held:
+                    self._release_bases()
             if i in prefetch_at:
                 for s in prefetch_at[i]:
                     if s not in live and s not in arriving:
@@ -460,6 +468,13 @@ class _Lowerer:
                 raise ScheduleError(f"cannot regenerate the outputs of node {node.name!r} ({node.target}) for "
                                     f"position {i}: it is not recomputable (random or mutating op) and has no "
                                     f"host copy; keep or swap its outputs")
+            for t in node.outputs:
+                # a multi-output op recomputed for one output while another one's swap-in is in
+                # flight: that copy lands first (a storage is written by one producer at a time)
+                if t in self.arriving:
+                    self.out.append(Wait(t))
+                    self.arriving.discard(t)
+                    live.add(t)
             self.out.append(Compute(x))
             new = [t for t in node.outputs if t not in live]
             live.update(new)
@@ -472,8 +487,48 @@ class _Lowerer:
     def _drop_unneeded(self, cands, pending, made, i) -> None:
         for t in cands:
             if t in made and t in self.resident and pending.get(t, 0) == 0 and self._should_free(t, i):
+                if not self._is_off(self._storage[t], i) and self._hold_base(t, i):
+                    continue
                 self.out.append(Free(t))
                 self.resident.discard(t)
+        if self.held:
+            self._release_bases()
+
+    def _hold_base(self, t: int, i: int) -> bool:
+        """True (and ``t`` is kept, in ``held``) if ``t`` is a base past its last
+        use at position ``i`` whose storage a resident view still holds, while
+        another tensor on that storage, already produced and not resident,
+        is read after ``i`` while the view still holds it (regenerating that
+        tensor may need the base), and the base
+        would come back only by a swap-in (it has a host copy and a swap
+        decision, or its producer is not recomputable), which cannot land in
+        a storage still on the device.  Keeping it costs no memory: the view
+        holds the storage anyway."""
+        if self._storage[t] != t:
+            return False
+        if self.nodes[self.tensors[t].producer].recomputable and not (t in self.host and self._swap_policy(t)):
+            return False
+        live = self.resident
+        views = self.p.storage_views[t]
+        held_until = max((self._last_eff[v] for v in views if v != t and v in live), default=-1)
+        for v in views:
+            if v != t and v not in live and self.tensors[v].producer <= i:
+                nxt = self._next_use(v, i)
+                if nxt is not None and nxt <= held_until:
+                    self.held.add(t)
+                    return True
+        return False
+
+    def _release_bases(self) -> None:
+        """Free the held bases whose storage no other resident tensor holds any more."""
+        live = self.resident
+        for s in sorted(self.held):
+            if s not in live:
+                self.held.discard(s)
+            elif not any(v != s and v in live for v in self.p.storage_views[s]):
+                self.out.append(Free(s))
+                live.discard(s)
+                self.held.discard(s)
 
     def _how(self, t: int) -> tuple[str, int]:
         s = self.tensors[t].storage

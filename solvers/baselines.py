@@ -146,25 +146,34 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
             return False
         return t.producer < before and (u in outputs or last_use[u] >= before)
 
-    for s in want:
-        before = windows[s][1]
-        ok = True
-        stack = [tid for tid in problem.storage_views[s]]
+    def chain_ok(s: int, seeds: list[int], before: int) -> bool:
+        stack = list(seeds)
         seen: set[int] = set()
-        while stack and ok:
+        while stack:
             u = stack.pop()
             if u in seen:
                 continue
             seen.add(u)
             prod = nodes[tensors[u].producer]
             if not prod.recomputable:
-                ok = False
-                break
+                return False
             for v in prod.inputs:
                 if tensors[v].kind != ACTIVATION or v in seen:
                     continue
                 if tensors[v].storage == s or not resident_at(v, before):
                     stack.append(v)
+        return True
+
+    for s in want:
+        before = windows[s][1]
+        views = problem.storage_views[s]
+        # the lowering regenerates on demand: at the window's end, and again at a later use of a
+        # tensor of the storage that was freed after the end (where less may be resident)
+        ok = chain_ok(s, list(views), before)
+        for u in views:
+            later = [c for c in tensors[u].consumers if c > before]
+            if ok and later:
+                ok = chain_ok(s, [u], later[0])
         if not ok:
             decisions[s] = Policy.KEEP
             log.debug("keeping %r: its recomputation would re-run a non-recomputable op", tensors[s].name)

@@ -221,6 +221,37 @@ def test_baselines_never_recompute_dropout(name, saved):
     simulate(p, r.schedule, r.budget_bytes)  # accepted within budget
 
 
+def dropout_read_after_the_window():
+    """m = dropout(x) (not recomputable) -> t = f(m) -> tv = view(t) -> L.
+    m is read again by b1 at 5 (where t's window (3, 5) ends) and then freed;
+    b3 at 7 reads the view tv, whose regeneration (from t, from m) comes
+    after m is gone."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (m,) = b.op("dropout", [x], [("m", 10)], time_s=1, recomputable=False)
+    (t,) = b.op("f", [m], [("t", 10)], time_s=1)
+    (tv,) = b.op("view", [t], [("tv", 0, t)], time_s=0)
+    (L,) = b.op("loss", [tv], [("L", 1)], time_s=1)
+    (g0,) = b.op("b0", [L], [("g0", 1)], time_s=1, phase=BACKWARD)
+    (g1,) = b.op("b1", [g0, t, m], [("g1", 1)], time_s=1, phase=BACKWARD)
+    (g2,) = b.op("b2", [g1], [("g2", 1)], time_s=1, phase=BACKWARD)
+    (g3,) = b.op("b3", [g2, tv], [("g3", 1)], time_s=1, phase=BACKWARD)
+    return b.build(outputs=[L, g3]), dict(m=m, t=t, tv=tv)
+
+
+def test_regeneration_after_the_window_through_a_freed_dropout_output_is_kept():
+    p, t = dropout_read_after_the_window()
+    assert default_windows(p)[t["t"]] == (3, 5)
+    # at 5, m is resident; at 7 (tv's use) it is not, and dropout cannot run again
+    with pytest.raises(ScheduleError, match="not recomputable"):
+        lower(p, evictions_for(p, {t["t"]: Policy.RECOMPUTE}))
+    assert safe_recompute_decisions(p, [t["t"]]) == {t["t"]: Policy.KEEP}
+    for name in ("checkpoint-all", "chen-sqrt", "chen-greedy"):
+        r = solve(p, 1.0, name)
+        assert p.node_by_name("dropout").id not in r.schedule.recomputed_nodes()
+        simulate(p, r.schedule, r.budget_bytes)
+
+
 def test_options_and_unknown_candidates():
     p, _ = layered_chain()
     r = solve(p, 1.0, "chen-sqrt", candidates="all")

@@ -68,6 +68,7 @@ from typing import Sequence
 
 from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.problem import RematProblem
+from libra_opt.schedule import no_remat_schedule
 from libra_opt.simulator import no_remat_peak
 from libra_opt.units import parse_budget
 
@@ -215,8 +216,17 @@ class LibraSolver(Solver):
         return more, [ref.descend(missing) for ref in more]
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        if not problem.num_nodes:
+            return self._empty_plan(problem)
         with _gc_paused():
             return self._solve_one(problem, budget_bytes)
+
+    def _empty_plan(self, problem: RematProblem) -> RawSolution:
+        """A step without ops: the empty plan (peak 0, within every budget)."""
+        sched = no_remat_schedule(problem)
+        sched.meta["solver"] = self.name
+        return RawSolution(schedule=sched, message="the problem has no nodes: nothing to plan",
+                           extras=dict(decisions=[], retained=[], steps=0, policy=self.options.policy))
 
     def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         refs = self._refiners(problem)
@@ -291,12 +301,14 @@ class LibraSolver(Solver):
         list of SolveResult
         """
         self._check_available()
-        with _gc_paused():
-            return self._solve_many(problem, budgets, raise_on_infeasible)
-
-    def _solve_many(self, problem: RematProblem, budgets: Sequence, raise_on_infeasible: bool) -> list[SolveResult]:
         ref_peak = no_remat_peak(problem)
         bb = [parse_budget(b, ref_peak) for b in budgets]
+        with _gc_paused(), self.internal_errors(problem):
+            return self._solve_many(problem, bb, raise_on_infeasible)
+
+    def _solve_many(self, problem: RematProblem, bb: list[int], raise_on_infeasible: bool) -> list[SolveResult]:
+        if not problem.num_nodes:
+            return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
         t0 = time.perf_counter()
         refs = self._refiners(problem)
         snaps = [ref.descend(bb) for ref in refs]

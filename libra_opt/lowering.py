@@ -396,11 +396,11 @@ class _Lowerer:
                         if storage[t] in off and is_off(storage[t], i):
                             append(free_instr[t])
                             live.discard(t)
-                        elif last[t] <= i and not self._hold_base(t, i):
+                        elif last[t] <= i and not self._defer_base(t):
                             append(free_instr[t])
                             live.discard(t)
-                if held:
-                    self._release_bases()
+            if held:
+                self._release_bases()
             if i in prefetch_at:
                 for s in prefetch_at[i]:
                     if s not in live and s not in arriving:
@@ -487,37 +487,30 @@ class _Lowerer:
     def _drop_unneeded(self, cands, pending, made, i) -> None:
         for t in cands:
             if t in made and t in self.resident and pending.get(t, 0) == 0 and self._should_free(t, i):
-                if not self._is_off(self._storage[t], i) and self._hold_base(t, i):
+                if not self._is_off(self._storage[t], i) and self._defer_base(t):
                     continue
                 self.out.append(Free(t))
                 self.resident.discard(t)
         if self.held:
             self._release_bases()
 
-    def _hold_base(self, t: int, i: int) -> bool:
-        """True (and ``t`` is kept, in ``held``) if ``t`` is a base past its last
-        use at position ``i`` whose storage a resident view still holds, while
-        another tensor on that storage, already produced and not resident,
-        is read after ``i`` while the view still holds it (regenerating that
-        tensor may need the base), and the base
-        would come back only by a swap-in (it has a host copy and a swap
-        decision, or its producer is not recomputable), which cannot land in
-        a storage still on the device.  Keeping it costs no memory: the view
-        holds the storage anyway."""
-        if self._storage[t] != t:
+    # A base that comes back only by a swap-in (its storage has a host copy, and a swap decision or a
+    # producer that cannot run again) may pass its last use while a view still holds its storage.
+    # It may be read again while the view holds it (to remake another view, or by a recomputation
+    # chain), and could then come back neither by a swap-in (into a storage still on the device) nor
+    # by recomputation.  So it stays until no other tensor holds the storage, at no memory cost.
+    def _defer_base(self, t: int) -> bool:
+        """True (and ``t`` is held) if ``t`` is such a base whose storage
+        another resident tensor holds."""
+        if self._storage[t] != t or t not in self.host:
             return False
-        if self.nodes[self.tensors[t].producer].recomputable and not (t in self.host and self._swap_policy(t)):
+        if self.nodes[self.tensors[t].producer].recomputable and not self._swap_policy(t):
             return False
         live = self.resident
-        views = self.p.storage_views[t]
-        held_until = max((self._last_eff[v] for v in views if v != t and v in live), default=-1)
-        for v in views:
-            if v != t and v not in live and self.tensors[v].producer <= i:
-                nxt = self._next_use(v, i)
-                if nxt is not None and nxt <= held_until:
-                    self.held.add(t)
-                    return True
-        return False
+        if not any(v != t and v in live for v in self.p.storage_views[t]):
+            return False
+        self.held.add(t)
+        return True
 
     def _release_bases(self) -> None:
         """Free the held bases whose storage no other resident tensor holds any more."""

@@ -523,3 +523,29 @@ def test_second_view_of_a_regenerated_base_comes_from_the_base(policy):
         frees = [k for k, ins in enumerate(sched) if ins.op == Op.FREE and ins.arg == t["a"]]
         assert len(frees) == 2 and frees[-1] > [k for k, ins in enumerate(sched) if ins.op == Op.FREE
                                                  and ins.arg == t["v2"]][-1]
+
+
+def test_swapped_base_read_by_a_later_chain_while_a_view_holds_its_storage():
+    """a (swapped over (3, 5)) comes back for s0 at 5 through split, which
+    also remakes s1 (read at 7).  At 6, o's recomputation reads a again while
+    s1 still holds a's storage: a must still be there (a second swap-in into a
+    storage on the device is impossible), so it is kept until s1 goes."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("f", [x], [("a", 100)], time_s=1)
+    s0, s1 = b.op("split", [a], [("s0", 0, a), ("s1", 0, a)], time_s=0)
+    (o,) = b.op("g", [a], [("o", 50)], time_s=1)
+    (L,) = b.op("loss", [o, s1], [("L", 1)], time_s=1)
+    (g0,) = b.op("b0", [L], [("g0", 1)], time_s=1, phase=BACKWARD)
+    (g1,) = b.op("b1", [g0, s0], [("g1", 1)], time_s=1, phase=BACKWARD)
+    (g2,) = b.op("b2", [g1, o], [("g2", 1)], time_s=1, phase=BACKWARD)
+    (g3,) = b.op("b3", [g2, s1], [("g3", 1)], time_s=1, phase=BACKWARD)
+    p = b.build(outputs=[L, g3], device=DeviceProfile(h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9))
+    assert default_windows(p)[a] == (3, 5) and default_windows(p)[o] == (3, 6)
+    sched, res = run(p, {a: S, o: R})
+    assert sched.counts()["swap_in"] == 1 and res.recompute_s == 1.0   # g (split takes no time)
+    names = sched.to_text(p).split("\n")
+    assert sum(line.split()[1] == "Compute(split)" for line in names) == 2
+    free_a = [k for k, line in enumerate(names) if line.split()[1] == "Free(a)"]
+    free_s1 = [k for k, line in enumerate(names) if line.split()[1] == "Free(s1)"]
+    assert free_a[-1] > free_s1[-1]

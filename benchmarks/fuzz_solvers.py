@@ -21,6 +21,9 @@ import collections
 import logging
 import sys
 import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv=None) -> int:
@@ -31,6 +34,8 @@ def main(argv=None) -> int:
     ap.add_argument("--checkmate-time-limit", type=float, default=10.0,
                     help="time_limit_s of the Checkmate solvers, seconds (default 10)")
     ap.add_argument("--show", type=int, default=3, help="failures listed per solver and kind (default 3)")
+    ap.add_argument("-o", "--output", default=str(RESULTS / "fuzz_solvers.md"),
+                    help="also write the summary here (default benchmarks/results/fuzz_solvers.md; '' for none)")
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)   # solvers log at INFO/WARNING per case
 
@@ -57,17 +62,22 @@ def main(argv=None) -> int:
             counts[lab][outcome] += 1
             if outcome in (SOLVER_ERROR, INTERNAL_ERROR):
                 failures[lab, outcome].append(f"seed {seed}: {msg[:200]}")
-    print(f"\n{args.cases} cases (seeds {args.start}..{args.start + args.cases - 1})\n")
-    print("| solver | plans | infeasible | SolverError | internal errors | seconds |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    lines = [f"{args.cases} cases (seeds {args.start}..{args.start + args.cases - 1}), "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             "| solver | plans | infeasible | SolverError | internal errors | seconds |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
     for lab in labels:
         c = counts[lab]
-        print(f"| {lab} | {c[PLAN]} | {c[INFEASIBLE]} | {c[SOLVER_ERROR]} | {c[INTERNAL_ERROR]} | "
-              f"{seconds[lab]:.1f} |")
+        lines.append(f"| {lab} | {c[PLAN]} | {c[INFEASIBLE]} | {c[SOLVER_ERROR]} | {c[INTERNAL_ERROR]} | "
+                     f"{seconds[lab]:.1f} |")
     for (lab, kind), msgs in sorted(failures.items()):
-        print(f"\n{lab}: {len(msgs)} {kind.replace('_', ' ')}(s), first {min(len(msgs), args.show)}:")
-        for m in msgs[:args.show]:
-            print("  " + m)
+        lines += ["", f"{lab}: {len(msgs)} {kind.replace('_', ' ')}(s), first {min(len(msgs), args.show)}:"]
+        lines += ["  " + m for m in msgs[:args.show]]
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text)
     return 1 if failures else 0
 
 

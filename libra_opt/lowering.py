@@ -20,6 +20,14 @@ The rules (shared by the ``libra`` solver and the baselines):
   it right before use, an ``int`` k issues it k nodes ahead.
 - A storage with a host copy is swapped back in (never recomputed) when its
   producer is not recomputable.
+- A multi-output op may be recomputed for one output while another output's
+  swap-in is in flight (their storages are under different decisions): the
+  lowering waits for that copy first, and the op's second write of it is
+  transient.
+- A base that comes back only by a swap-in is kept past its last use while a
+  view still holds its storage (at no memory cost): another view, or a
+  recomputation chain, may read it again there, and a swap-in cannot land in
+  a storage that is still on the device.
 - A recomputation may be *early* (``Eviction.regenerate``): its chain runs
   before a node that does not read the storage, where memory is lower, and
   the storage stays resident from there to its use.

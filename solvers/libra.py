@@ -247,7 +247,9 @@ class LibraSolver(Solver):
         sched = no_remat_schedule(problem)
         sched.meta["solver"] = self.name
         return RawSolution(schedule=sched, message="the problem has no nodes: nothing to plan",
-                           extras=dict(decisions=[], retained=[], steps=0, policy=self.options.policy))
+                           extras=dict(decisions=[], retained=[], estimated_peak_bytes=0, estimated_added_s=0.0,
+                                       steps=0, undone=0, repairs=0, policy=self.options.policy,
+                                       descent=self.options.policy))
 
     def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         refs = self._refiners(problem)

@@ -20,6 +20,14 @@ The rules (shared by the ``libra`` solver and the baselines):
   it right before use, an ``int`` k issues it k nodes ahead.
 - A storage with a host copy is swapped back in (never recomputed) when its
   producer is not recomputable.
+- A multi-output op may be recomputed for one output while another output's
+  swap-in is in flight (their storages are under different decisions): the
+  lowering waits for that copy first, and the op's second write of it is
+  transient.
+- A base that comes back only by a swap-in is kept past its last use while a
+  view still holds its storage (at no memory cost): another view, or a
+  recomputation chain, may read it again there, and a swap-in cannot land in
+  a storage that is still on the device.
 - A recomputation may be *early* (``Eviction.regenerate``): its chain runs
   before a node that does not read the storage, where memory is lower, and
   the storage stays resident from there to its use.
@@ -338,6 +346,7 @@ class _Lowerer:
         self.resident: set[int] = set()
         self.arriving: set[int] = set()
         self.host: set[int] = set()
+        self.held: set[int] = set()   # bases kept past their last use while a view holds their storage
         live = self.resident
         host, arriving = self.host, self.arriving
         is_act, last, freeable, storage, off = self._is_act, self._last, self._freeable, self._storage, self.off
@@ -358,6 +367,7 @@ class _Lowerer:
         dynamic = {i for s in off for i in self._storage_nodes.get(s, ())}
         dynamic.update(i for t in self.until for i in self._storage_nodes.get(storage[t], ()))
         regen_at = self.regen_at
+        held = self.held
         for i, node in enumerate(self.nodes):
             ins = node.inputs
             if i in regen_at:
@@ -390,9 +400,15 @@ class _Lowerer:
                 if i in retain_end:
                     touched.update(t for t in retain_end[i] if t in live)
                 for t in sorted(touched):
-                    if freeable[t] and t in live and (last[t] <= i or (storage[t] in off and is_off(storage[t], i))):
-                        append(free_instr[t])
-                        live.discard(t)
+                    if freeable[t] and t in live:
+                        if storage[t] in off and is_off(storage[t], i):
+                            append(free_instr[t])
+                            live.discard(t)
+                        elif last[t] <= i and not self._defer_base(t):
+                            append(free_instr[t])
+                            live.discard(t)
+            if held:
+                self._release_bases()
             if i in prefetch_at:
                 for s in prefetch_at[i]:
                     if s not in live and s not in arriving:
@@ -460,6 +476,13 @@ class _Lowerer:
                 raise ScheduleError(f"cannot regenerate the outputs of node {node.name!r} ({node.target}) for "
                                     f"position {i}: it is not recomputable (random or mutating op) and has no "
                                     f"host copy; keep or swap its outputs")
+            for t in node.outputs:
+                # a multi-output op recomputed for one output while another one's swap-in is in
+                # flight: that copy lands first (a storage is written by one producer at a time)
+                if t in self.arriving:
+                    self.out.append(Wait(t))
+                    self.arriving.discard(t)
+                    live.add(t)
             self.out.append(Compute(x))
             new = [t for t in node.outputs if t not in live]
             live.update(new)
@@ -472,8 +495,41 @@ class _Lowerer:
     def _drop_unneeded(self, cands, pending, made, i) -> None:
         for t in cands:
             if t in made and t in self.resident and pending.get(t, 0) == 0 and self._should_free(t, i):
+                if not self._is_off(self._storage[t], i) and self._defer_base(t):
+                    continue
                 self.out.append(Free(t))
                 self.resident.discard(t)
+        if self.held:
+            self._release_bases()
+
+    # A base that comes back only by a swap-in (its storage has a host copy, and a swap decision or a
+    # producer that cannot run again) may pass its last use while a view still holds its storage.
+    # It may be read again while the view holds it (to remake another view, or by a recomputation
+    # chain), and could then come back neither by a swap-in (into a storage still on the device) nor
+    # by recomputation.  So it stays until no other tensor holds the storage, at no memory cost.
+    def _defer_base(self, t: int) -> bool:
+        """True (and ``t`` is held) if ``t`` is such a base whose storage
+        another resident tensor holds."""
+        if self._storage[t] != t or t not in self.host:
+            return False
+        if self.nodes[self.tensors[t].producer].recomputable and not self._swap_policy(t):
+            return False
+        live = self.resident
+        if not any(v != t and v in live for v in self.p.storage_views[t]):
+            return False
+        self.held.add(t)
+        return True
+
+    def _release_bases(self) -> None:
+        """Free the held bases whose storage no other resident tensor holds any more."""
+        live = self.resident
+        for s in sorted(self.held):
+            if s not in live:
+                self.held.discard(s)
+            elif not any(v != s and v in live for v in self.p.storage_views[s]):
+                self.out.append(Free(s))
+                live.discard(s)
+                self.held.discard(s)
 
     def _how(self, t: int) -> tuple[str, int]:
         s = self.tensors[t].storage

@@ -9,6 +9,7 @@ before it is returned.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import logging
@@ -133,21 +134,44 @@ class Solver:
             No plan found within the budget; states the smallest feasible one found.
         SolverUnavailableError
             A required backend is not installed.
+        SolverError
+            The solver failed; an internal error (a bug) is wrapped in one
+            that names the solver, chained to the original.
         """
         from libra_opt.simulator import no_remat_peak
 
         self._check_available()
         budget_bytes = parse_budget(budget, no_remat_peak(problem))
         t0 = time.perf_counter()
+        with self.internal_errors(problem, budget_bytes):
+            try:
+                raw = self._solve(problem, budget_bytes)
+            except InfeasibleBudgetError as e:
+                if raise_on_infeasible:
+                    raise
+                return self._infeasible(budget_bytes, e, time.perf_counter() - t0)
+            solve_s = time.perf_counter() - t0
+            log.info("solver %s: %s in %.3f s", self.name, raw.status, solve_s)
+            return self._finish(problem, budget_bytes, raw, solve_s)
+
+    @contextlib.contextmanager
+    def internal_errors(self, problem: RematProblem, budget_bytes: int | None = None):
+        """Turn a stray internal error of the solver inside the ``with`` block
+        into a :class:`~libra_opt.errors.SolverError` naming the solver, the
+        problem and the budget, chained to the original (``raise ... from``).
+        :class:`~libra_opt.errors.InfeasibleBudgetError`,
+        :class:`~libra_opt.errors.SolverError` (and its subclasses),
+        ``MemoryError`` and non-``Exception`` signals (``KeyboardInterrupt``)
+        pass through unchanged."""
         try:
-            raw = self._solve(problem, budget_bytes)
-        except InfeasibleBudgetError as e:
-            if raise_on_infeasible:
-                raise
-            return self._infeasible(budget_bytes, e, time.perf_counter() - t0)
-        solve_s = time.perf_counter() - t0
-        log.info("solver %s: %s in %.3f s", self.name, raw.status, solve_s)
-        return self._finish(problem, budget_bytes, raw, solve_s)
+            yield
+        except (InfeasibleBudgetError, SolverError, MemoryError):
+            raise
+        except Exception as e:
+            at = "" if budget_bytes is None else f" at a budget of {budget_bytes} bytes"
+            raise SolverError(f"solver {self.name!r} failed on problem {problem.name!r}{at} with an internal "
+                              f"error ({type(e).__name__}: {e}). This is a bug in the solver; please report it "
+                              f"with the problem file and the budget") from e
 
     def solve_many(self, problem: RematProblem, budgets: Sequence, *, raise_on_infeasible: bool = False
                    ) -> list[SolveResult]:

@@ -146,25 +146,34 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
             return False
         return t.producer < before and (u in outputs or last_use[u] >= before)
 
-    for s in want:
-        before = windows[s][1]
-        ok = True
-        stack = [tid for tid in problem.storage_views[s]]
+    def chain_ok(s: int, seeds: list[int], before: int) -> bool:
+        stack = list(seeds)
         seen: set[int] = set()
-        while stack and ok:
+        while stack:
             u = stack.pop()
             if u in seen:
                 continue
             seen.add(u)
             prod = nodes[tensors[u].producer]
             if not prod.recomputable:
-                ok = False
-                break
+                return False
             for v in prod.inputs:
                 if tensors[v].kind != ACTIVATION or v in seen:
                     continue
                 if tensors[v].storage == s or not resident_at(v, before):
                     stack.append(v)
+        return True
+
+    for s in want:
+        before = windows[s][1]
+        views = problem.storage_views[s]
+        # the lowering regenerates on demand: at the window's end, and again at a later use of a
+        # tensor of the storage that was freed after the end (where less may be resident)
+        ok = chain_ok(s, list(views), before)
+        for u in views:
+            later = [c for c in tensors[u].consumers if c > before]
+            if ok and later:
+                ok = chain_ok(s, [u], later[0])
         if not ok:
             decisions[s] = Policy.KEEP
             log.debug("keeping %r: its recomputation would re-run a non-recomputable op", tensors[s].name)
@@ -297,6 +306,31 @@ def _infeasible(solver: str, budget_bytes: int, peaks: Iterable[int], detail: st
     return InfeasibleBudgetError(budget_bytes, int(min(peaks)), solver, detail)
 
 
+def _keep_all_or_infeasible(problem: RematProblem, budget_bytes: int, peaks: Iterable[int], solver: str,
+                            detail: str) -> RawSolution:
+    """The plan of a checkpointing baseline whose own plan(s) (``peaks``,
+    bytes) are over ``budget_bytes``: every node a checkpoint, i.e. keep every
+    activation (the degenerate member of the family, Chen et al.'s segments of
+    one node), when that fits.  Evicting can raise the peak above keeping
+    (on a single-phase graph a storage is recomputed at its next use, with its
+    chain resident at once), so a budget the no-remat plan meets is met.
+
+    Raises
+    ------
+    InfeasibleBudgetError
+        Keeping everything does not fit either; states the smallest peak seen.
+    """
+    peaks = list(peaks)
+    sched = no_remat_schedule(problem)
+    sim = simulate(problem, sched)
+    if sim.peak_bytes > budget_bytes:
+        raise _infeasible(solver, budget_bytes, peaks + [sim.peak_bytes], detail)
+    return RawSolution(sched, message=f"{detail}: peak {min(peaks)} bytes, over the budget and the no-remat peak; "
+                                      f"every node a checkpoint (keep every activation) fits",
+                       extras={"fallback": "keep-all"},
+                       simulation=sim)
+
+
 # --------------------------------------------------------------------- solvers
 @register_solver("none")
 class NoRematSolver(Solver):
@@ -350,7 +384,8 @@ class CheckpointAllSolver(Solver):
         dec = safe_recompute_decisions(problem, windows, windows)
         sched, sim = _evaluate(problem, dec, windows)
         if sim.peak_bytes > budget_bytes:
-            raise _infeasible(self.name, budget_bytes, [sim.peak_bytes], "recomputing every activation")
+            return _keep_all_or_infeasible(problem, budget_bytes, [sim.peak_bytes], self.name,
+                                           "recomputing every activation")
         n = sum(p == Policy.RECOMPUTE for p in dec.values())
         return RawSolution(sched, message=f"recompute {n} of {len(windows)} saved activation storages",
                            extras={"recomputed_storages": n, "kept_storages": len(dec) - n})
@@ -406,7 +441,8 @@ class ChenSqrtSolver(Solver):
         dec, segwin = _checkpoint_plan(problem, ckpt, windows)
         sched, sim = _evaluate(problem, dec, segwin)
         if sim.peak_bytes > budget_bytes:
-            raise _infeasible(self.name, budget_bytes, [sim.peak_bytes], f"{len(ckpt)} checkpoints")
+            return _keep_all_or_infeasible(problem, budget_bytes, [sim.peak_bytes], self.name,
+                                           f"{len(ckpt)} checkpoints")
         return RawSolution(sched, message=f"{len(ckpt)} checkpoints (segment boundaries)",
                            extras={"checkpoints": ckpt})
 
@@ -481,7 +517,8 @@ class ChenGreedySolver(Solver):
                 if best is None or key < best[0]:
                     best = (key, sched, ckpt, b)
         if best is None:
-            raise _infeasible(self.name, budget_bytes, peaks, f"{len(seen)} segment thresholds tried")
+            return _keep_all_or_infeasible(problem, budget_bytes, peaks, self.name,
+                                           f"{len(seen)} segment thresholds tried")
         _, sched, ckpt, b = best
         return RawSolution(sched, message=f"segment threshold {b:.0f} bytes: {len(ckpt)} checkpoints "
                                           f"(best of {len(seen)} thresholds)",

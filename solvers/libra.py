@@ -68,6 +68,7 @@ from typing import Sequence
 
 from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.problem import RematProblem
+from libra_opt.schedule import no_remat_schedule
 from libra_opt.simulator import no_remat_peak
 from libra_opt.units import parse_budget
 
@@ -108,8 +109,11 @@ class LibraOptions:
         create a new peak or costs more; ``"recompute"`` or ``"swap"``: one
         policy only.
     time_limit_s : float or None
-        Wall-clock limit of the refinement, seconds (``None``: none).  A plan
-        cut short reports status ``"time_limit"``.
+        Limit on the refinement, seconds of compute (``None``: none), over
+        all the descents of one solve together: in hybrid mode with the
+        portfolio, each descent in turn may use an equal share of what is
+        left (time a descent does not use goes to the next).  A plan cut
+        short reports status ``"time_limit"``.
     max_steps : int or None
         Most refinement decisions (``None``: no limit).
     swap_overlap_margin : float
@@ -212,15 +216,44 @@ class LibraSolver(Solver):
             return [], []
         opts = dataclasses.replace(self.options, early=False)
         more = [_Refiner(problem, dataclasses.replace(opts, policy=ref.opts.policy)) for ref in refs]
-        return more, [ref.descend(missing) for ref in more]
+        for ref in more:
+            ref.asked = set(missing)
+        return more, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs))
+
+    def _descend_all(self, refs: list[_Refiner], budgets: list[int], spent_s: float = 0.0) -> list[dict]:
+        """Run the descents one after another towards ``budgets``.  With
+        ``time_limit_s``, the limit is shared fairly: each descent may refine
+        for an equal share of what is left of it (less ``spent_s``, seconds
+        already spent by earlier descents of this solve), so a descent that
+        stops early leaves its time to the next ones and none starts with
+        nothing left while the limit is not spent."""
+        limit = self.options.time_limit_s
+        out = []
+        for k, ref in enumerate(refs):
+            if limit is not None:
+                used = spent_s + sum(r.clock_s() for r in refs[:k])
+                ref.time_limit_s = ref.clock_s() + max(limit - used, 0.0) / (len(refs) - k)
+            out.append(ref.descend(budgets))
+        return out
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        if not problem.num_nodes:
+            return self._empty_plan(problem)
         with _gc_paused():
             return self._solve_one(problem, budget_bytes)
 
+    def _empty_plan(self, problem: RematProblem) -> RawSolution:
+        """A step without ops: the empty plan (peak 0, within every budget)."""
+        sched = no_remat_schedule(problem)
+        sched.meta["solver"] = self.name
+        return RawSolution(schedule=sched, message="the problem has no nodes: nothing to plan",
+                           extras=dict(decisions=[], retained=[], estimated_peak_bytes=0, estimated_added_s=0.0,
+                                       steps=0, undone=0, repairs=0, policy=self.options.policy,
+                                       descent=self.options.policy))
+
     def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         refs = self._refiners(problem)
-        snaps = [ref.descend([budget_bytes]) for ref in refs]
+        snaps = self._descend_all(refs, [budget_bytes])
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         refs, snaps = refs + more, snaps + more_snaps
         return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes)
@@ -291,23 +324,27 @@ class LibraSolver(Solver):
         list of SolveResult
         """
         self._check_available()
-        with _gc_paused():
-            return self._solve_many(problem, budgets, raise_on_infeasible)
-
-    def _solve_many(self, problem: RematProblem, budgets: Sequence, raise_on_infeasible: bool) -> list[SolveResult]:
         ref_peak = no_remat_peak(problem)
         bb = [parse_budget(b, ref_peak) for b in budgets]
-        t0 = time.perf_counter()
+        with _gc_paused(), self.internal_errors(problem):
+            return self._solve_many(problem, bb, raise_on_infeasible)
+
+    def _solve_many(self, problem: RematProblem, bb: list[int], raise_on_infeasible: bool) -> list[SolveResult]:
+        if not problem.num_nodes:
+            return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
         refs = self._refiners(problem)
-        snaps = [ref.descend(bb) for ref in refs]
+        snaps = self._descend_all(refs, bb)
         more, more_snaps = self._fallbacks(problem, refs, bb, snaps)
         refs, snaps = refs + more, snaps + more_snaps
-        descent_s = time.perf_counter() - t0
+        spent = [ref.clock_s() for ref in refs]
         out = []
         for b in bb:
             t1 = time.perf_counter()
             these = [s.get(b) for s in snaps]
-            base_s = descent_s if None in these else sum(s.elapsed_s for s in these)
+            # this budget's own time: each descent's clock when it first got under b (all of it
+            # where it was asked for b and never got there), then b's own finishing below
+            base_s = sum(snap.elapsed_s if snap is not None else (spent[k] if ref.asked is None or b in ref.asked else 0.0)
+                         for k, (ref, snap) in enumerate(zip(refs, these)))
             try:
                 raw = self._plan(refs, these, b)
             except InfeasibleBudgetError as e:

@@ -87,7 +87,10 @@ class _Refiner(Finisher):
         self.used_early = False   # an early regeneration was taken (see LibraSolver's fallback)
         self.done = False
         self.cut_short = False
-        self.t0 = time.perf_counter()
+        self.busy_s = 0.0           # seconds spent inside descend() so far (this descent's own clock)
+        self._since: float | None = None
+        self.time_limit_s = opts.time_limit_s   # on busy_s; LibraSolver shares its option among descents
+        self.asked: set[int] | None = None      # budgets this descent is run for (None: every budget)
         self._final: _Snapshot | None = None
         self._final_peak: int | None = None
 
@@ -95,6 +98,20 @@ class _Refiner(Finisher):
     def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, _Snapshot]:
         """Refine until the peak is under every budget (or, ``to_end``, until
         no move is left); snapshot the state when it first gets under each."""
+        self._since = time.perf_counter()
+        try:
+            return self._descend(budgets, to_end)
+        finally:
+            self.busy_s += time.perf_counter() - self._since
+            self._since = None
+
+    def clock_s(self) -> float:
+        """Seconds this descent has spent refining (inside :meth:`descend`),
+        not wall time since it was built: the descents of a portfolio run one
+        after another."""
+        return self.busy_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+    def _descend(self, budgets: Sequence[int], to_end: bool) -> dict[int, _Snapshot]:
         tl = self.tl
         pending = sorted(set(int(b) for b in budgets), reverse=True)
         out: dict[int, _Snapshot] = {}
@@ -108,7 +125,7 @@ class _Refiner(Finisher):
                 break
             o = self.opts
             if (o.max_steps is not None and self.step >= o.max_steps) or (
-                    o.time_limit_s is not None and time.perf_counter() - self.t0 > o.time_limit_s):
+                    self.time_limit_s is not None and self.clock_s() > self.time_limit_s):
                 self.done = self.cut_short = True
                 break
             move = self._select(p, peak, m)
@@ -126,7 +143,7 @@ class _Refiner(Finisher):
         return self._final
 
     def _snapshot(self, peak: int) -> _Snapshot:
-        return _Snapshot(self.step, peak, time.perf_counter() - self.t0, self.tl.copy(), dict(self.records),
+        return _Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
                          self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()))
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:

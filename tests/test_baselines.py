@@ -221,6 +221,37 @@ def test_baselines_never_recompute_dropout(name, saved):
     simulate(p, r.schedule, r.budget_bytes)  # accepted within budget
 
 
+def dropout_read_after_the_window():
+    """m = dropout(x) (not recomputable) -> t = f(m) -> tv = view(t) -> L.
+    m is read again by b1 at 5 (where t's window (3, 5) ends) and then freed;
+    b3 at 7 reads the view tv, whose regeneration (from t, from m) comes
+    after m is gone."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (m,) = b.op("dropout", [x], [("m", 10)], time_s=1, recomputable=False)
+    (t,) = b.op("f", [m], [("t", 10)], time_s=1)
+    (tv,) = b.op("view", [t], [("tv", 0, t)], time_s=0)
+    (L,) = b.op("loss", [tv], [("L", 1)], time_s=1)
+    (g0,) = b.op("b0", [L], [("g0", 1)], time_s=1, phase=BACKWARD)
+    (g1,) = b.op("b1", [g0, t, m], [("g1", 1)], time_s=1, phase=BACKWARD)
+    (g2,) = b.op("b2", [g1], [("g2", 1)], time_s=1, phase=BACKWARD)
+    (g3,) = b.op("b3", [g2, tv], [("g3", 1)], time_s=1, phase=BACKWARD)
+    return b.build(outputs=[L, g3]), dict(m=m, t=t, tv=tv)
+
+
+def test_regeneration_after_the_window_through_a_freed_dropout_output_is_kept():
+    p, t = dropout_read_after_the_window()
+    assert default_windows(p)[t["t"]] == (3, 5)
+    # at 5, m is resident; at 7 (tv's use) it is not, and dropout cannot run again
+    with pytest.raises(ScheduleError, match="not recomputable"):
+        lower(p, evictions_for(p, {t["t"]: Policy.RECOMPUTE}))
+    assert safe_recompute_decisions(p, [t["t"]]) == {t["t"]: Policy.KEEP}
+    for name in ("checkpoint-all", "chen-sqrt", "chen-greedy"):
+        r = solve(p, 1.0, name)
+        assert p.node_by_name("dropout").id not in r.schedule.recomputed_nodes()
+        simulate(p, r.schedule, r.budget_bytes)
+
+
 def test_options_and_unknown_candidates():
     p, _ = layered_chain()
     r = solve(p, 1.0, "chen-sqrt", candidates="all")
@@ -229,3 +260,46 @@ def test_options_and_unknown_candidates():
         solve(p, 1.0, "chen-sqrt", candidates="every")
     assert get_solver("chen-greedy", num_thresholds=4).thresholds(p)[0] == 0.0
     assert len(get_solver("chen-greedy", num_thresholds=4).thresholds(p)) == 4
+
+
+def single_phase_with_a_costly_chain():
+    """Single-phase DAG: y = g(x) (100), a = f1(y) (100), b, c small, e reads
+    c and a.  No-remat peak 200 (y and a while f1 runs).  Evicting a over its
+    gap (2, 4) recomputes it at 4 from y, which must be recomputed too:
+    c + y + a = 210, above keeping everything."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (y,) = b.op("g", [x], [("y", 100)], time_s=1)
+    (a,) = b.op("f1", [y], [("a", 100)], time_s=1)
+    (bb,) = b.op("f2", [a], [("b", 10)], time_s=1)
+    (c,) = b.op("f3", [bb], [("c", 10)], time_s=1)
+    (e,) = b.op("f4", [c, a], [("e", 10)], time_s=1)
+    return b.build(outputs=[e]), dict(a=a)
+
+
+@pytest.mark.parametrize("name", ["checkpoint-all", "chen-sqrt", "chen-greedy"])
+def test_checkpointing_baselines_plan_the_no_remat_peak_on_a_single_phase_graph(name):
+    p, t = single_phase_with_a_costly_chain()
+    assert p.boundary == p.num_nodes and default_windows(p) == {t["a"]: (2, 4)}
+    assert simulate(p).peak_bytes == 200
+    assert simulate(p, lower(p, evictions_for(p, {t["a"]: Policy.RECOMPUTE}))).peak_bytes == 210
+    r = solve(p, 1.0, name)
+    assert r.peak_bytes <= 200
+    simulate(p, r.schedule, 200)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve(p, 199, name)
+    assert info.value.min_feasible_bytes <= 210
+
+
+def test_checkpointing_baselines_plan_the_no_remat_peak_on_a_random_layered_graph(remat_graphs_dir):
+    """On random_layered_n100 (single phase) every checkpointing plan peaks
+    1.16x above keeping everything; at 1.0x they keep everything."""
+    import os
+
+    from libra_opt.importers import load_problem_any
+
+    p = load_problem_any(os.path.join(remat_graphs_dir, "random_layered_n100.json"))
+    for name in ("checkpoint-all", "chen-sqrt", "chen-greedy"):
+        r = solve(p, 1.0, name)
+        assert r.extras["fallback"] == "keep-all"
+        simulate(p, r.schedule, r.budget_bytes)

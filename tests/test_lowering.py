@@ -455,3 +455,97 @@ def test_bad_early_regeneration_says_what_to_change():
         lower(p, [Eviction(t["a"], 1, 3, S, regenerate=(t["a"],))])
     with pytest.raises(ScheduleError, match="not on that storage"):
         lower(p, [Eviction(t["a"], 1, 3, R, regenerate=(t["b"],))])
+
+
+# ------------------------------------------- mixed decisions on one op, views of a swapped base
+def test_multi_output_op_recomputed_while_another_output_swaps_in():
+    """bn makes ``out`` (recomputed through ``h``'s chain) and ``stat`` (swapped).
+    ``stat``'s swap-in is issued after position 3 and waited for at its use (6);
+    ``h``'s recomputation at 5 re-runs bn while that copy is in flight.  The
+    copy must land first (Wait), then bn runs with ``stat`` already resident:
+    its second write is transient, so the plan is valid and bn runs twice."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("f", [x], [("a", 100)], time_s=1)
+    out, stat = b.op("bn", [a], [("out", 100), ("stat", 10)], time_s=1)
+    (h,) = b.op("g", [out], [("h", 100)], time_s=1)
+    (L,) = b.op("loss", [h], [("L", 1)], time_s=1)
+    (g0,) = b.op("b0", [L], [("g0", 1)], time_s=1, phase=BACKWARD)
+    (g1,) = b.op("b1", [g0, h], [("g1", 1)], time_s=1, phase=BACKWARD)
+    (g2,) = b.op("b2", [g1, stat], [("g2", 1)], time_s=1, phase=BACKWARD)
+    p = b.build(outputs=[L, g2], device=DeviceProfile(h2d_bytes_per_s=1.0, d2h_bytes_per_s=1e9))
+    assert default_windows(p)[stat] == (1, 6) and default_windows(p)[h] == (3, 5)
+    sched = lower(p, [Eviction(stat, 1, 6, S, prefetch_after=3), Eviction(h, 3, 5, R)])
+    text = sched.to_text(p).split("\n")
+    names = [line.split()[1] for line in text]
+    k = names.index("Compute(bn)", names.index("Compute(bn)") + 1)   # the recomputation
+    assert names[k - 1] == "Wait(stat)"
+    res = simulate(p, sched)
+    assert res.recompute_s == 3.0          # f (for a, freed after bn), bn, g
+    assert res.h2d_bytes == 10
+    # stat's 10 bytes take 10 s to come back, issued after position 3 (t = 4): the Wait ends at
+    # t = 14 while the compute stream reached t = 5 (+ f's recompute, t = 6): 8 s of stall
+    assert res.stall_s == pytest.approx(8.0)
+
+
+def views_of_one_base():
+    """a (100 bytes) with two views v1 = view(a), v2 = slice(a); the backward
+    reads v1 at 5 and 7 and v2 at 6, so after a's window (3, 5) the views come
+    back one at a time, both from a."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("f", [x], [("a", 100)], time_s=1)
+    (v1,) = b.op("view", [a], [("v1", 0, a)], time_s=0)
+    (v2,) = b.op("slice", [a], [("v2", 0, a)], time_s=0)
+    (L,) = b.op("loss", [v2], [("L", 1)], time_s=1)
+    (g0,) = b.op("b0", [L], [("g0", 1)], time_s=1, phase=BACKWARD)
+    (g1,) = b.op("b1", [g0, v1], [("g1", 1)], time_s=1, phase=BACKWARD)
+    (g2,) = b.op("b2", [g1, v2], [("g2", 1)], time_s=1, phase=BACKWARD)
+    (g3,) = b.op("b3", [g2, v1], [("g3", 1)], time_s=1, phase=BACKWARD)
+    p = b.build(outputs=[L, g3], device=DeviceProfile(h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9))
+    return p, dict(a=a, v1=v1, v2=v2)
+
+
+@pytest.mark.parametrize("policy", [S, R])
+def test_second_view_of_a_regenerated_base_comes_from_the_base(policy):
+    """After the window the base comes back once (swap-in or recompute) for
+    v1 at 5; it stays while v1 holds its storage (no memory: the storage is
+    held anyway), so v2 at 6 is remade from it instead of a second swap-in
+    into a storage that is still on the device."""
+    p, t = views_of_one_base()
+    assert default_windows(p)[t["a"]] == (3, 5)
+    sched, res = run(p, {t["a"]: policy})
+    c = sched.counts()
+    assert c["swap_in"] == (1 if policy == S else 0)
+    assert res.peak_bytes == 103   # while b1 runs: a (100), L, g0 and g1 (1 each)
+    if policy == S:
+        # a is freed once, with the last view on its storage (after b3 reads v1)
+        frees = [k for k, ins in enumerate(sched) if ins.op == Op.FREE and ins.arg == t["a"]]
+        assert len(frees) == 2 and frees[-1] > [k for k, ins in enumerate(sched) if ins.op == Op.FREE
+                                                 and ins.arg == t["v2"]][-1]
+
+
+def test_swapped_base_read_by_a_later_chain_while_a_view_holds_its_storage():
+    """a (swapped over (3, 5)) comes back for s0 at 5 through split, which
+    also remakes s1 (read at 7).  At 6, o's recomputation reads a again while
+    s1 still holds a's storage: a must still be there (a second swap-in into a
+    storage on the device is impossible), so it is kept until s1 goes."""
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("f", [x], [("a", 100)], time_s=1)
+    s0, s1 = b.op("split", [a], [("s0", 0, a), ("s1", 0, a)], time_s=0)
+    (o,) = b.op("g", [a], [("o", 50)], time_s=1)
+    (L,) = b.op("loss", [o, s1], [("L", 1)], time_s=1)
+    (g0,) = b.op("b0", [L], [("g0", 1)], time_s=1, phase=BACKWARD)
+    (g1,) = b.op("b1", [g0, s0], [("g1", 1)], time_s=1, phase=BACKWARD)
+    (g2,) = b.op("b2", [g1, o], [("g2", 1)], time_s=1, phase=BACKWARD)
+    (g3,) = b.op("b3", [g2, s1], [("g3", 1)], time_s=1, phase=BACKWARD)
+    p = b.build(outputs=[L, g3], device=DeviceProfile(h2d_bytes_per_s=1e9, d2h_bytes_per_s=1e9))
+    assert default_windows(p)[a] == (3, 5) and default_windows(p)[o] == (3, 6)
+    sched, res = run(p, {a: S, o: R})
+    assert sched.counts()["swap_in"] == 1 and res.recompute_s == 1.0   # g (split takes no time)
+    names = sched.to_text(p).split("\n")
+    assert sum(line.split()[1] == "Compute(split)" for line in names) == 2
+    free_a = [k for k, line in enumerate(names) if line.split()[1] == "Free(a)"]
+    free_s1 = [k for k, line in enumerate(names) if line.split()[1] == "Free(s1)"]
+    assert free_a[-1] > free_s1[-1]

@@ -1,0 +1,73 @@
+"""Regressions of issue 12: solvers return a valid plan or say the budget is
+infeasible, never an internal error.
+
+The GPU-profiled problems in ``problems/h100_*.json.gz`` (see
+``problems/README.md``) reproduced multi-output ops with one output swapped
+and the op recomputed for another (ResNet-50's batch norm and max-pool, GPT-2
+medium's layer norm).
+"""
+from pathlib import Path
+
+import pytest
+
+from libra_opt.errors import InfeasibleBudgetError, SolverError
+from libra_opt.fuzz import INFEASIBLE, PLAN, check_case
+from libra_opt.problem import ProblemBuilder
+from libra_opt.problem_io import load_problem
+from libra_opt.simulator import simulate
+from libra_opt.solvers import RawSolution, Solver, solve, solve_many
+
+PROBLEMS = Path(__file__).resolve().parents[1] / "problems"
+
+
+@pytest.mark.parametrize("name, budget", [("h100_resnet50_b128", 0.2), ("h100_resnet50_b128", 0.3),
+                                          ("h100_gpt2-medium_b8", 0.2)])
+def test_libra_hybrid_on_h100_problems_plans_or_says_infeasible(name, budget):
+    p = load_problem(PROBLEMS / f"{name}.json.gz")
+    outcome, msg = check_case(p, budget, "libra", policy="hybrid")
+    assert outcome in (PLAN, INFEASIBLE), msg
+
+
+def test_libra_on_a_problem_without_nodes_returns_the_empty_plan():
+    b = ProblemBuilder()
+    b.input("x", 16)
+    p = b.build(outputs=[])
+    r = solve(p, 1024, "libra")
+    assert len(r.schedule) == 0 and r.peak_bytes == 0
+    rs = solve_many(p, [1024, "1KiB"], "libra")
+    assert [len(x.schedule) for x in rs] == [0, 0]
+
+
+class _Broken(Solver):
+    name = "broken"
+    citation = "a test double"
+
+    def _solve(self, problem, budget_bytes):
+        if budget_bytes < 100:
+            raise InfeasibleBudgetError(budget_bytes, 100, self.name, "needs 100 bytes")
+        return RawSolution(schedule=None)   # _finish then fails on it: an internal error
+
+
+def test_base_class_turns_an_internal_error_into_a_solver_error_naming_the_solver():
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (y,) = b.op("f", [x], [("y", 200)], time_s=1.0)
+    p = b.build(outputs=[y])
+    with pytest.raises(SolverError, match="solver 'broken' failed on problem .* internal error") as info:
+        _Broken().solve(p, 1.0)
+    assert isinstance(info.value.__cause__, AttributeError)
+    # infeasible budgets still say so, as before
+    with pytest.raises(InfeasibleBudgetError, match="needs 100 bytes"):
+        _Broken().solve(p, 50)
+    assert _Broken().solve(p, 50, raise_on_infeasible=False).status == "infeasible"
+    # and a bad budget is still the caller's ValueError, not a solver error
+    with pytest.raises(ValueError) as bad:
+        _Broken().solve(p, "80")
+    assert not isinstance(bad.value, SolverError)
+
+
+def test_the_empty_plan_is_valid():
+    b = ProblemBuilder()
+    b.input("x", 16)
+    p = b.build(outputs=[])
+    assert simulate(p, solve(p, 1, "libra").schedule).peak_bytes == 0

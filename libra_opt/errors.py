@@ -75,6 +75,12 @@ class SolverError(LibraOptError):
     """A solver failed for a reason other than an infeasible budget."""
 
 
+class SolverOptionError(SolverError, ValueError):
+    """A solver option has a value the solver cannot use (an unknown backend,
+    a non-positive time limit); the message names the option and the values
+    it accepts.  Raised before any model is built."""
+
+
 class SolverNotFoundError(SolverError, ValueError):
     """An unknown solver name; the message lists the known ones."""
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libra_opt.errors import SolverError
+from libra_opt.errors import SolverError, SolverOptionError
 
 from .base import Solver
 from .checkmate_model import CheckmateModel
@@ -102,15 +102,15 @@ class CheckmateLPSolver(Solver):
     def _check_options(self) -> None:
         o = self.options
         if o.backend not in LP_BACKENDS:
-            raise ValueError(f"checkmate-lp: unknown backend {o.backend!r}; use one of {LP_BACKENDS}")
+            raise SolverOptionError(f"checkmate-lp: unknown backend {o.backend!r}; use one of {LP_BACKENDS}")
         if not o.thresholds or not all(0 < float(th) <= 1 for th in o.thresholds):
-            raise ValueError(f"checkmate-lp: thresholds must be numbers in (0, 1], got {o.thresholds!r}")
+            raise SolverOptionError(f"checkmate-lp: thresholds must be numbers in (0, 1], got {o.thresholds!r}")
         if not o.budget_factors or not all(0 < float(f) <= 1 for f in o.budget_factors):
-            raise ValueError(f"checkmate-lp: budget_factors must be numbers in (0, 1], got {o.budget_factors!r}")
+            raise SolverOptionError(f"checkmate-lp: budget_factors must be numbers in (0, 1], got {o.budget_factors!r}")
         if not o.time_limit_s > 0:
-            raise ValueError(f"checkmate-lp: time_limit_s must be positive, got {o.time_limit_s}")
+            raise SolverOptionError(f"checkmate-lp: time_limit_s must be positive, got {o.time_limit_s}")
         if o.max_nodes < 2:
-            raise ValueError(f"checkmate-lp: max_nodes must be at least 2, got {o.max_nodes}")
+            raise SolverOptionError(f"checkmate-lp: max_nodes must be at least 2, got {o.max_nodes}")
         if o.backend == "pulp":
             import importlib.util
 

@@ -13,7 +13,9 @@ Backends: OR-Tools ``pywraplp`` with SCIP (or CBC if SCIP is not built in),
 or PuLP with CBC.  Ctrl-C during a solve raises ``KeyboardInterrupt`` (never
 a plan from an interrupted solve): OR-Tools runs in a worker thread and is
 stopped with ``InterruptSolve`` (:func:`run_interruptibly`); PuLP's CBC
-child process is killed and its temporary files removed (:func:`run_pulp`).  Recompute only (no swapping).  The model has O(n^2)
+child process is killed and its temporary files removed (:func:`run_pulp`).
+
+Recompute only (no swapping).  The model has O(n^2)
 variables: problems with more than ``max_nodes`` nodes are coarsened first
 (:mod:`libra_opt.solvers.coarsen`) and the plan expanded back; the result's
 message and ``extras["coarsened"]`` say so, and the MILP bound then holds for
@@ -34,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from libra_opt.errors import SolverError
+from libra_opt.errors import SolverError, SolverOptionError
 
 from .base import Solver
 from .checkmate_model import CheckmateModel, model_peak_bytes
@@ -136,18 +138,18 @@ class CheckmateMILPSolver(Solver):
     def _check_options(self) -> None:
         o = self.options
         if o.backend not in BACKENDS:
-            raise ValueError(f"checkmate-milp: unknown backend {o.backend!r}; use one of {BACKENDS}")
+            raise SolverOptionError(f"checkmate-milp: unknown backend {o.backend!r}; use one of {BACKENDS}")
         if o.ortools_solver not in ORTOOLS_SOLVERS:
-            raise ValueError(f"checkmate-milp: unknown ortools_solver {o.ortools_solver!r}; use one of "
+            raise SolverOptionError(f"checkmate-milp: unknown ortools_solver {o.ortools_solver!r}; use one of "
                              f"{ORTOOLS_SOLVERS}")
         if not o.time_limit_s > 0:
-            raise ValueError(f"checkmate-milp: time_limit_s must be positive, got {o.time_limit_s}")
+            raise SolverOptionError(f"checkmate-milp: time_limit_s must be positive, got {o.time_limit_s}")
         if not 0 <= o.mip_gap < 1:
-            raise ValueError(f"checkmate-milp: mip_gap must be in [0, 1), got {o.mip_gap}")
+            raise SolverOptionError(f"checkmate-milp: mip_gap must be in [0, 1), got {o.mip_gap}")
         if o.threads is not None and o.threads < 1:
-            raise ValueError(f"checkmate-milp: threads must be a positive integer or None, got {o.threads}")
+            raise SolverOptionError(f"checkmate-milp: threads must be a positive integer or None, got {o.threads}")
         if o.max_nodes < 2:
-            raise ValueError(f"checkmate-milp: max_nodes must be at least 2, got {o.max_nodes}")
+            raise SolverOptionError(f"checkmate-milp: max_nodes must be at least 2, got {o.max_nodes}")
         mod = "ortools" if o.backend == "ortools" else "pulp"
         import importlib.util
 

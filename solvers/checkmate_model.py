@@ -108,7 +108,7 @@ from functools import cached_property
 import numpy as np
 import scipy.sparse as sp
 
-from libra_opt.errors import SolverError
+from libra_opt.errors import SolverError, SolverOptionError
 from libra_opt.problem import INPUT, RematProblem
 
 log = logging.getLogger(__name__)
@@ -220,11 +220,11 @@ class CheckmateGraph:
 
         Raises
         ------
-        ValueError
-            Unknown ``values``.
+        SolverOptionError
+            Unknown ``values`` (also a ``ValueError``).
         """
         if values not in VALUE_GRANULARITIES:
-            raise ValueError(f"values must be one of {VALUE_GRANULARITIES}, got {values!r}")
+            raise SolverOptionError(f"values must be one of {VALUE_GRANULARITIES}, got {values!r}")
         p = problem
         n = p.num_nodes
         tensors = p.tensors

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libra_opt.errors import InfeasibleBudgetError, SolverError
+from libra_opt.errors import InfeasibleBudgetError, SolverError, SolverOptionError
 from libra_opt.problem import INPUT, RematProblem
 from libra_opt.schedule import Compute, Free, Schedule
 from libra_opt.simulator import simulate
@@ -291,19 +291,19 @@ class CheckmateSetup:
         from .coarsen import coarsen as do_coarsen
 
         if values not in ("auto",) + VALUE_GRANULARITIES:
-            raise ValueError(f"values must be 'auto' or one of {VALUE_GRANULARITIES}, got {values!r}")
+            raise SolverOptionError(f"values must be 'auto' or one of {VALUE_GRANULARITIES}, got {values!r}")
 
         self.original = problem
         self.solver = solver
         self.coarse = None
         if isinstance(coarsen, bool) or not (coarsen in ("auto", "none") or isinstance(coarsen, int)):
-            raise ValueError(f"coarsen must be 'auto', 'none' or a target number of nodes, got {coarsen!r}")
+            raise SolverOptionError(f"coarsen must be 'auto', 'none' or a target number of nodes, got {coarsen!r}")
         target = None
         if coarsen == "auto" and problem.num_nodes > max_nodes:
             target = max_nodes
         elif isinstance(coarsen, int):
             if coarsen < 1:
-                raise ValueError(f"coarsen must be a positive number of nodes, got {coarsen}")
+                raise SolverOptionError(f"coarsen must be a positive number of nodes, got {coarsen}")
             if coarsen < problem.num_nodes:
                 target = coarsen
         if target is not None:

@@ -291,15 +291,21 @@ def test_checkpointing_baselines_plan_the_no_remat_peak_on_a_single_phase_graph(
     assert info.value.min_feasible_bytes <= 210
 
 
-def test_checkpointing_baselines_plan_the_no_remat_peak_on_a_random_layered_graph(remat_graphs_dir):
-    """On random_layered_n100 (single phase) every checkpointing plan peaks
-    1.16x above keeping everything; at 1.0x they keep everything."""
-    import os
+def test_checkpointing_baselines_plan_the_no_remat_peak_on_a_random_layered_graph():
+    """On random layered graphs of 100 nodes (single phase, as
+    random_layered_n100) every checkpointing baseline plans 1.0x the no-remat
+    peak: where its own plan peaks above keeping everything it keeps
+    everything (``extras["fallback"]``)."""
+    from libra_opt.generators import random_layered_graph
 
-    from libra_opt.importers import load_problem_any
-
-    p = load_problem_any(os.path.join(remat_graphs_dir, "random_layered_n100.json"))
-    for name in ("checkpoint-all", "chen-sqrt", "chen-greedy"):
-        r = solve(p, 1.0, name)
-        assert r.extras["fallback"] == "keep-all"
-        simulate(p, r.schedule, r.budget_bytes)
+    fell_back = set()
+    for seed in range(4):
+        p = random_layered_graph(100, seed=seed)
+        for name in ("checkpoint-all", "chen-sqrt", "chen-greedy"):
+            r = solve(p, 1.0, name)
+            assert r.success
+            sim = simulate(p, r.schedule, r.budget_bytes)
+            assert sim.peak_bytes <= r.budget_bytes
+            if r.extras.get("fallback") == "keep-all":
+                fell_back.add(name)
+    assert fell_back, "no generated graph exercised the keep-all fallback"

@@ -4,8 +4,11 @@
 dynamic=False)`` with a backend of our own: AOTAutograd
 (``torch._dynamo.backends.common.aot_autograd``) whose partition hook lowers
 the plan to a forward and a backward FX graph
-(:func:`libra_opt.runtime.partition.lower_plan`), run eagerly (the forward and
-backward compilers return the graph modules themselves; no inductor).  The
+(:func:`libra_opt.runtime.partition.lower_plan`).  The forward and backward
+compilers pick the executor: ``"eager"`` runs the graph modules themselves op by
+op (bitwise equal to eager PyTorch on CPU), ``"inductor"`` compiles them with
+Inductor (:mod:`libra_opt.runtime.inductor`; swaps as ``libra::`` custom
+operators, optionally CUDA graphs).  The
 result is called like the model (outputs keep their structure: a
 ``transformers`` ``ModelOutput`` stays one), a loss is computed on it, and
 ``loss.backward()`` / ``optimizer.step()`` work as usual.
@@ -31,6 +34,7 @@ from libra_opt.capture import autocast_context, check_example_shapes, example_in
 from libra_opt.errors import LibraOptError, RuntimeExecutionError
 from libra_opt.problem import RematProblem
 
+from .inductor import InductorCompiler, check_cuda_graphs, resolve_executor
 from .partition import LoweredPlan, lower_plan
 from .swap import SwapManager, _align
 
@@ -65,6 +69,20 @@ class OptimizedModule(nn.Module):
         If the plan was made for ``loss_fn(model(...))``, calls return the loss.
     device : torch.device, optional
         The compute device (default: the first parameter's).
+    executor : {"eager", "inductor"} or None
+        How the planned graphs run: op by op (``"eager"``, the default here)
+        or compiled by Inductor (see :mod:`libra_opt.runtime.inductor`);
+        ``None``: ``"inductor"`` on CUDA, ``"eager"`` elsewhere.
+    cuda_graphs : bool
+        Replay the Inductor-compiled graphs as CUDA graphs (CUDA,
+        ``executor="inductor"`` and a plan without swaps only).
+
+    Raises
+    ------
+    RuntimeExecutionError
+        The plan has no schedule.
+    ExecutorError
+        Unknown ``executor``, or ``cuda_graphs`` where it cannot apply.
 
     Attributes
     ----------
@@ -76,10 +94,15 @@ class OptimizedModule(nn.Module):
         The forward/backward graphs, after the first training call.
     swap : SwapManager
         Transfer stream, host buffer pool and copy counters.
+    executor : str
+        ``"eager"`` or ``"inductor"``.
+    inductor : InductorCompiler or None
+        The Inductor compiler of the two graphs (``executor="inductor"``).
     """
 
     def __init__(self, model: nn.Module, problem: RematProblem, plan, *, example_shapes,
-                 autocast_dtype: torch.dtype | None = None, loss_fn=None, device=None):
+                 autocast_dtype: torch.dtype | None = None, loss_fn=None, device=None,
+                 executor: str | None = "eager", cuda_graphs: bool = False):
         super().__init__()
         self.model = model
         self.problem = problem
@@ -95,6 +118,12 @@ class OptimizedModule(nn.Module):
         if sched is None:
             raise RuntimeExecutionError(f"the plan has no schedule (status {plan.status!r}): {plan.message}")
         self.swap.pool.reserve(sum(_align(problem.tensors[t].nbytes) for t in sched.swapped_tensors()))
+        self.executor = resolve_executor(executor, self.device)
+        self.cuda_graphs = bool(cuda_graphs)
+        check_cuda_graphs(self.cuda_graphs, self.executor, self.device, len(sched.swapped_tensors()))
+        self.inductor = (InductorCompiler(self.swap, has_swaps=bool(sched.swapped_tensors()),
+                                          cuda_graphs=self.cuda_graphs)
+                         if self.executor == "inductor" else None)
         self.lowered: LoweredPlan | None = None
         self._ran = False
         self._tracker = None
@@ -112,6 +141,8 @@ class OptimizedModule(nn.Module):
     def _partition(self, joint, joint_inputs, *, num_fwd_outputs, **kwargs):
         lowered = lower_plan(joint, num_fwd_outputs, self.problem, self.plan.schedule, self.swap)
         self.lowered = lowered
+        if self.inductor is not None:
+            self.inductor.prepare(lowered)
         logger.info("plan lowered: %d saved values, %d recomputed nodes, %d swapped tensors",
                     len(lowered.saved), len(lowered.recomputed), len(lowered.swapped))
         return lowered.fw, lowered.bw
@@ -131,9 +162,13 @@ class OptimizedModule(nn.Module):
         return run
 
     def _fw_compiler(self, gm, example_inputs):
+        if self.inductor is not None:
+            gm = self.inductor.forward(gm, example_inputs)
         return self._boxed(gm, forward=True)
 
     def _bw_compiler(self, gm, example_inputs):
+        if self.inductor is not None:
+            gm = self.inductor.backward(gm, example_inputs)
         return self._boxed(gm, forward=False)
 
     @contextlib.contextmanager
@@ -183,4 +218,5 @@ class OptimizedModule(nn.Module):
         """The plan in ``repr(module)``: solver, budget and predicted peak (bytes) and step (s)."""
         p = self.plan
         return (f"solver={p.solver!r}, budget={p.budget_bytes} B, predicted peak={p.peak_bytes} B, "
-                f"predicted step={p.time_s:.6f} s")
+                f"predicted step={p.time_s:.6f} s, executor={self.executor!r}"
+                + (", cuda_graphs=True" if self.cuda_graphs else ""))

@@ -305,9 +305,20 @@ class InductorCompiler:
 
             self._device_index = BoxedDeviceIndex(None)
         with self._config():
-            return compile_fx_inner(dgm, example_inputs, static_input_idxs=static, cudagraphs=self._cudagraphs,
-                                    is_backward=is_backward, graph_id=self._graph_id,
-                                    boxed_forward_device_index=self._device_index)
+            out = compile_fx_inner(dgm, example_inputs, static_input_idxs=static, cudagraphs=self._cudagraphs,
+                                   is_backward=is_backward, graph_id=self._graph_id,
+                                   boxed_forward_device_index=self._device_index)
+        if self.cuda_graphs and not self.cuda_graphs_used:
+            logger.warning("cuda_graphs=True: Inductor did not use CUDA graphs for the %s graph (see "
+                           "TORCH_LOGS=perf_hints for the reason); it runs without them",
+                           "backward" if is_backward else "forward")
+        return out
+
+    @property
+    def cuda_graphs_used(self) -> bool:
+        """Whether Inductor kept CUDA graphs for the graphs compiled so far
+        (it turns them off, with a log message, for graphs it cannot capture)."""
+        return bool(self._cudagraphs.value)
 
     def forward(self, gm: fx.GraphModule, example_inputs):
         """The compiled forward graph (boxed: call with one list)."""

@@ -214,6 +214,15 @@ class OptimizedModule(nn.Module):
                 "torch._dynamo.config.recompile_limit); re-create the optimized module")
         return out
 
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The plan's peak (``plan.peak_bytes``) plus, with CUDA graphs, the
+        bytes of the inputs CUDA graph trees copy into their pool
+        (:attr:`~libra_opt.runtime.inductor.InductorCompiler.cuda_graph_input_bytes`,
+        known after the first training call)."""
+        extra = self.inductor.cuda_graph_input_bytes if self.inductor is not None else 0
+        return int(self.plan.peak_bytes) + int(extra)
+
     def extra_repr(self) -> str:
         """The plan in ``repr(module)``: solver, budget and predicted peak (bytes) and step (s)."""
         p = self.plan

@@ -66,6 +66,11 @@ With swaps, Inductor's buffer reuse and in-place kernels are switched off
 copied out is never overwritten; freed buffers then return to the caching
 allocator as in the eager executor.
 
+**Random ops.**  Inductor draws random numbers (dropout masks) from seeds
+of its own, as ``torch.compile`` does: masks differ from eager PyTorch's, and a
+random op recomputed in the backward graph would draw a different mask than
+its forward, so such plans are refused (:class:`~libra_opt.errors.RuntimeExecutionError`).
+
 **CUDA graphs** (``cuda_graphs=True``; only for plans without swaps: a swap
 synchronizes two streams and reuses host buffers, which a replayed graph
 cannot follow).  CUDA graph trees allocate every buffer of both graphs from
@@ -221,6 +226,27 @@ def decompose(gm: fx.GraphModule, example_inputs) -> fx.GraphModule:
     return out
 
 
+def _check_no_random_recompute(lowered) -> None:
+    """Refuse a plan that recomputes a random op (dropout) in the backward
+    graph: Inductor draws its random numbers from seeds of its own per
+    compiled graph, so the recomputed mask would differ from the forward's.
+
+    Raises
+    ------
+    RuntimeExecutionError
+    """
+    from libra_opt.errors import RuntimeExecutionError
+
+    again = set(lowered.recomputed)
+    for n in lowered.bw.graph.nodes:
+        tags = getattr(n.target, "tags", ()) if n.op == "call_function" else ()
+        if n.name in again and torch.Tag.nondeterministic_seeded in tags:
+            raise RuntimeExecutionError(
+                f"the plan recomputes the random op {n.name!r} ({n.target}) in the backward graph, which the "
+                f"inductor executor cannot replay with the forward's random numbers; use executor='eager', "
+                f"or plan with random ops kept (they are not recomputable unless their RNG state is replayed)")
+
+
 def _static_bw(gm: fx.GraphModule) -> list[int]:
     """Indices of the backward graph's saved-value placeholders (before the tangents)."""
     ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -278,6 +304,7 @@ class InductorCompiler:
         operators, in the partition hook, before AOTAutograd reads the saved
         values' metadata: a host buffer is then a contiguous CPU tensor of the
         swapped tensor's shape and dtype in both graphs."""
+        _check_no_random_recompute(lowered)
         fw = with_swap_ops(lowered.fw, self.swap)
         bw = with_swap_ops(lowered.bw, self.swap)
         out = next(iter(fw.graph.find_nodes(op="output")))

@@ -216,3 +216,23 @@ def test_swap_ops_survive_inductor_and_run_in_order():
     torch.testing.assert_close(out[0], x.sin().cos() + 2 * x)
     assert sw.d2h_bytes - d2h == sw.h2d_bytes - h2d == x.numel() * 4
     assert not sw._host_bufs
+
+
+def test_recomputed_random_op_is_refused():
+    """Inductor draws its own random numbers per graph: a dropout recomputed in
+    the backward graph would not match the forward's mask."""
+    import torch.fx as fx
+
+    from libra_opt.errors import RuntimeExecutionError
+    from libra_opt.runtime.inductor import _check_no_random_recompute
+    from libra_opt.runtime.partition import LoweredPlan
+
+    g = fx.Graph()
+    a = g.placeholder("a")
+    mask = g.call_function(torch.ops.aten.bernoulli.p, (a, 0.5))
+    g.output((mask,))
+    bw = fx.GraphModule({}, g)
+    low = LoweredPlan(fw=bw, bw=bw, num_fwd_outputs=0, split=0, recomputed=[mask.name])
+    with pytest.raises(RuntimeExecutionError, match="random op"):
+        _check_no_random_recompute(low)
+    _check_no_random_recompute(LoweredPlan(fw=bw, bw=bw, num_fwd_outputs=0, split=0, recomputed=[]))

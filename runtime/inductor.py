@@ -35,10 +35,10 @@ planned node becomes zero or more decomposed ops (step 2), and these are
 scheduled into kernels: a chain of pointwise / reduction nodes fuses into one
 generated kernel, matmuls and convolutions stay library calls (``extern_kernels``),
 views cost nothing.  So the map from plan costs to Inductor's kernels is
-many-to-one: the sum of the planned times of a fused chain is an *upper
-bound* on its kernel time (a fused pointwise chain costs about the bytes its
-kernel reads and writes), and a library call costs what the planned op
-costs.  Recomputed nodes live in the backward graph (the partition puts them
+many-to-one: the sum of the planned times of a fused chain is usually
+above its kernel's time (one launch and one pass over memory: a fused
+pointwise chain costs about the bytes its kernel reads and writes), and a
+library call costs what the planned op costs.  Recomputed nodes live in the backward graph (the partition puts them
 there), so Inductor fuses a recomputed pointwise chain with its backward
 consumers; pricing it as it runs fused is the cost model's job (issue 10,
 item 4), not this module's.
@@ -75,7 +75,9 @@ its forward, so such plans are refused (:class:`~libra_opt.errors.RuntimeExecuti
 synchronizes two streams and reuses host buffers, which a replayed graph
 cannot follow).  CUDA graph trees allocate every buffer of both graphs from
 one private memory pool, in the same order and with the same lifetimes as
-without graphs, so the pool's peak is the planned graph peak; what is added
+without graphs, so the pool's high-water mark is the compiled graphs' peak
+(at most the plan's, as above; ``tests/test_runtime_cuda.py`` measures it
+against the plan's peak plus the input copies); what is added
 on top are the static copies of the inputs that are not parameters or buffers
 (the batch: TorchDynamo's user inputs, copied into the pool on every replay)
 and, between forward and backward, nothing else (the saved values are the
@@ -315,12 +317,14 @@ class InductorCompiler:
                 p_node.meta = dict(p_node.meta, val=s_node.meta["val"])
 
     def _compile(self, gm: fx.GraphModule, example_inputs, *, is_backward: bool):
-        from torch._inductor.compile_fx import compile_fx_inner, get_static_input_idxs
+        from torch._inductor import compile_fx as cfx
 
         if is_backward:
             static = _static_bw(gm)
-        else:
-            static = list(get_static_input_idxs(0))
+        elif hasattr(cfx, "get_static_input_idxs"):
+            static = list(cfx.get_static_input_idxs(0))   # parameters and buffers (AOTAutograd's metadata)
+        else:   # pragma: no cover - torch versions that lift parameters before the graph's inputs
+            static = []
         dgm = decompose(gm, example_inputs)
         self.compiled["backward" if is_backward else "forward"] = dgm
         if self.cuda_graphs and not is_backward:
@@ -332,9 +336,10 @@ class InductorCompiler:
 
             self._device_index = BoxedDeviceIndex(None)
         with self._config():
-            out = compile_fx_inner(dgm, example_inputs, static_input_idxs=static, cudagraphs=self._cudagraphs,
-                                   is_backward=is_backward, graph_id=self._graph_id,
-                                   boxed_forward_device_index=self._device_index)
+            out = cfx.compile_fx_inner(dgm, example_inputs, static_input_idxs=static,
+                                       cudagraphs=self._cudagraphs,
+                                       is_backward=is_backward, graph_id=self._graph_id,
+                                       boxed_forward_device_index=self._device_index)
         if self.cuda_graphs and not self.cuda_graphs_used:
             logger.warning("cuda_graphs=True: Inductor did not use CUDA graphs for the %s graph (see "
                            "TORCH_LOGS=perf_hints for the reason); it runs without them",

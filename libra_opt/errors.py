@@ -110,6 +110,12 @@ class RuntimeExecutionError(LibraOptError, RuntimeError):
     """The runtime could not execute a plan."""
 
 
+class ExecutorError(LibraOptError, ValueError):
+    """An unknown executor, or an executor option that cannot apply (e.g.
+    ``cuda_graphs=True`` with swaps or without Inductor); the message says
+    what to change."""
+
+
 class PlotError(LibraOptError, ValueError):
     """The data given to a plot function cannot be plotted; the message says why."""
 

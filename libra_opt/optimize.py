@@ -62,7 +62,8 @@ def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = T
 
 def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", example_kwargs: dict | None = None,
              autocast_dtype: torch.dtype | None = None, loss_fn: Callable | None = None, *,
-             optimizer: str = "adam", profile: bool = True, **solver_options):
+             optimizer: str = "adam", profile: bool = True, executor: str | None = None,
+             cuda_graphs: bool = False, **solver_options):
     """Make ``model`` train within a memory budget.
 
     Parameters
@@ -91,6 +92,17 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     profile : bool
         Measure op times on the device (default); ``False`` plans with unit
         op times (fast; for tests).
+    executor : {"inductor", "eager"} or None
+        How the planned forward and backward graphs run: ``"inductor"``
+        compiles them with Inductor (fused kernels, swaps as side-effecting
+        ``libra::`` operators; gradients as close to eager as
+        ``torch.compile``'s); ``"eager"`` runs them op by op (gradients
+        bitwise equal to eager PyTorch on CPU).  ``None`` (default):
+        ``"inductor"`` when the model is on CUDA, ``"eager"`` otherwise.  See
+        :mod:`libra_opt.runtime.inductor`.
+    cuda_graphs : bool
+        Replay the compiled graphs as CUDA graphs (Inductor's CUDA graph
+        trees); needs CUDA, ``executor="inductor"`` and a plan without swaps.
     **solver_options
         Passed to the solver (its ``Options`` dataclass).
 
@@ -109,6 +121,10 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     InfeasibleBudgetError
         No plan fits the budget (the message gives the smallest feasible one found).
     SolverNotFoundError, SolverUnavailableError
+    ExecutorError
+        Unknown ``executor`` (raised before anything is captured), or
+        ``cuda_graphs=True`` without CUDA, without the Inductor executor, or
+        with a plan that swaps.
 
     Notes
     -----
@@ -122,17 +138,26 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     raises :class:`~libra_opt.errors.CaptureError` here, naming the op.
     ``backward(retain_graph=True)`` is not supported.
     """
+    from .runtime.inductor import check_cuda_graphs, resolve_executor
     from .runtime.module import OptimizedModule
     from .solvers import solve
     from .units import check_budget
 
     check_budget(budget)  # the budget contract, before any capture or profiling
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    executor = resolve_executor(executor, device)
+    check_cuda_graphs(cuda_graphs, executor, device, swaps=0)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
     step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
     problem = problem_of(step, optimizer=optimizer, profile=profile)
+    if executor != "eager" and problem.device.memory_bytes_per_s:
+        from .costs import for_executor
+
+        problem = for_executor(problem, executor)  # recomputes priced as the executor runs them (fused)
     result = solve(problem, budget, solver, **solver_options)
     logger.info("optimize(%s): solver %s, predicted peak %d bytes (budget %d) in %.1f s", step.model_name,
                 result.solver, result.peak_bytes, result.budget_bytes, time.perf_counter() - t0)
     return OptimizedModule(model, problem, result, example_shapes=step.example_shapes,
-                           autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device)
+                           autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device,
+                           executor=executor, cuda_graphs=cuda_graphs)

@@ -4,6 +4,8 @@ ordinary ``loss.backward()``.
 - :mod:`~libra_opt.runtime.partition`: a plan -> forward and backward FX graphs;
 - :mod:`~libra_opt.runtime.swap`: transfer stream, events, pinned host buffer pool;
 - :mod:`~libra_opt.runtime.module`: :class:`OptimizedModule`, the torch.compile backend;
+- :mod:`~libra_opt.runtime.inductor`: the Inductor executor (the planned graphs compiled by Inductor);
+- :mod:`~libra_opt.runtime.offload_ops`: swaps as ``libra::`` custom operators for compiled graphs;
 - :mod:`~libra_opt.runtime.executor`: allocation tracking (peak bytes on any device).
 """
 from .executor import StorageTracker, TrackedRun, measure_joint_peak, measure_step_peak

@@ -4,8 +4,11 @@
 dynamic=False)`` with a backend of our own: AOTAutograd
 (``torch._dynamo.backends.common.aot_autograd``) whose partition hook lowers
 the plan to a forward and a backward FX graph
-(:func:`libra_opt.runtime.partition.lower_plan`), run eagerly (the forward and
-backward compilers return the graph modules themselves; no inductor).  The
+(:func:`libra_opt.runtime.partition.lower_plan`).  The forward and backward
+compilers pick the executor: ``"eager"`` runs the graph modules themselves op by
+op (bitwise equal to eager PyTorch on CPU), ``"inductor"`` compiles them with
+Inductor (:mod:`libra_opt.runtime.inductor`; swaps as ``libra::`` custom
+operators, optionally CUDA graphs).  The
 result is called like the model (outputs keep their structure: a
 ``transformers`` ``ModelOutput`` stays one), a loss is computed on it, and
 ``loss.backward()`` / ``optimizer.step()`` work as usual.
@@ -32,6 +35,7 @@ from libra_opt.capture import autocast_context, check_example_shapes, example_in
 from libra_opt.errors import InputMismatchError, LibraOptError, RuntimeExecutionError
 from libra_opt.problem import RematProblem
 
+from .inductor import InductorCompiler, check_cuda_graphs, resolve_executor
 from .partition import LoweredPlan, lower_plan
 from .swap import SwapManager, _align
 
@@ -66,6 +70,20 @@ class OptimizedModule(nn.Module):
         If the plan was made for ``loss_fn(model(...))``, calls return the loss.
     device : torch.device, optional
         The compute device (default: the first parameter's).
+    executor : {"eager", "inductor"} or None
+        How the planned graphs run: op by op (``"eager"``, the default here)
+        or compiled by Inductor (see :mod:`libra_opt.runtime.inductor`);
+        ``None``: ``"inductor"`` on CUDA, ``"eager"`` elsewhere.
+    cuda_graphs : bool
+        Replay the Inductor-compiled graphs as CUDA graphs (CUDA,
+        ``executor="inductor"`` and a plan without swaps only).
+
+    Raises
+    ------
+    RuntimeExecutionError
+        The plan has no schedule.
+    ExecutorError
+        Unknown ``executor``, or ``cuda_graphs`` where it cannot apply.
 
     Attributes
     ----------
@@ -77,10 +95,15 @@ class OptimizedModule(nn.Module):
         The forward/backward graphs, after the first training call.
     swap : SwapManager
         Transfer stream, host buffer pool and copy counters.
+    executor : str
+        ``"eager"`` or ``"inductor"``.
+    inductor : InductorCompiler or None
+        The Inductor compiler of the two graphs (``executor="inductor"``).
     """
 
     def __init__(self, model: nn.Module, problem: RematProblem, plan, *, example_shapes,
-                 autocast_dtype: torch.dtype | None = None, loss_fn=None, device=None):
+                 autocast_dtype: torch.dtype | None = None, loss_fn=None, device=None,
+                 executor: str | None = "eager", cuda_graphs: bool = False):
         super().__init__()
         self.model = model
         self.problem = problem
@@ -94,6 +117,9 @@ class OptimizedModule(nn.Module):
         sched = plan.schedule
         if sched is None:
             raise RuntimeExecutionError(f"the plan has no schedule (status {plan.status!r}): {plan.message}")
+        self.executor = resolve_executor(executor, self.device)
+        self.cuda_graphs = bool(cuda_graphs)
+        check_cuda_graphs(self.cuda_graphs, self.executor, self.device, len(sched.swapped_tensors()))
         self._eval_warned = False
         self._build_runtime()
 
@@ -101,7 +127,7 @@ class OptimizedModule(nn.Module):
     #: attributes rebuilt, never copied or pickled: they hold the compiled
     #: callable (whose closure names the model), the lowered graphs (bound to
     #: this module's swap manager) and CUDA streams, events and pinned buffers
-    _RUNTIME_ATTRS = ("_compiled", "swap", "lowered", "_ran", "_tracker")
+    _RUNTIME_ATTRS = ("_compiled", "swap", "inductor", "lowered", "_ran", "_tracker")
 
     def _compile(self):
         """The training step (model, then ``loss_fn``) under ``torch.compile``
@@ -113,10 +139,13 @@ class OptimizedModule(nn.Module):
     def _build_runtime(self) -> None:
         """Create what executes the plan for **this** module's model: the swap
         manager (host pool reserved for the plan's swapped storages, bytes), no
-        lowered graphs yet, and the compiled step."""
+        lowered graphs yet, the Inductor compiler of the executor (or
+        ``None``), and the compiled step."""
         self.swap = SwapManager(self.device)
-        self.swap.pool.reserve(sum(_align(self.problem.tensors[t].nbytes)
-                                   for t in self.plan.schedule.swapped_tensors()))
+        swapped = self.plan.schedule.swapped_tensors()
+        self.swap.pool.reserve(sum(_align(self.problem.tensors[t].nbytes) for t in swapped))
+        self.inductor = (InductorCompiler(self.swap, has_swaps=bool(swapped), cuda_graphs=self.cuda_graphs)
+                         if self.executor == "inductor" else None)
         self.lowered: LoweredPlan | None = None
         self._ran = False
         self._tracker = None
@@ -201,6 +230,8 @@ class OptimizedModule(nn.Module):
     def _partition(self, joint, joint_inputs, *, num_fwd_outputs, **kwargs):
         lowered = lower_plan(joint, num_fwd_outputs, self.problem, self.plan.schedule, self.swap)
         self.lowered = lowered
+        if self.inductor is not None:
+            self.inductor.prepare(lowered)
         logger.info("plan lowered: %d saved values, %d recomputed nodes, %d swapped tensors",
                     len(lowered.saved), len(lowered.recomputed), len(lowered.swapped))
         return lowered.fw, lowered.bw
@@ -220,9 +251,13 @@ class OptimizedModule(nn.Module):
         return run
 
     def _fw_compiler(self, gm, example_inputs):
+        if self.inductor is not None:
+            gm = self.inductor.forward(gm, example_inputs)
         return self._boxed(gm, forward=True)
 
     def _bw_compiler(self, gm, example_inputs):
+        if self.inductor is not None:
+            gm = self.inductor.backward(gm, example_inputs)
         return self._boxed(gm, forward=False)
 
     @contextlib.contextmanager
@@ -313,8 +348,18 @@ class OptimizedModule(nn.Module):
                 f"{len(kwargs)} keyword argument(s): {e}; call the optimized module with the inputs of the "
                 f"example given to libra_opt.optimize") from None
 
+    @property
+    def predicted_peak_bytes(self) -> int:
+        """The plan's peak (``plan.peak_bytes``) plus, with CUDA graphs, the
+        bytes of the inputs CUDA graph trees copy into their pool
+        (:attr:`~libra_opt.runtime.inductor.InductorCompiler.cuda_graph_input_bytes`,
+        known after the first training call)."""
+        extra = self.inductor.cuda_graph_input_bytes if self.inductor is not None else 0
+        return int(self.plan.peak_bytes) + int(extra)
+
     def extra_repr(self) -> str:
         """The plan in ``repr(module)``: solver, budget and predicted peak (bytes) and step (s)."""
         p = self.plan
         return (f"solver={p.solver!r}, budget={p.budget_bytes} B, predicted peak={p.peak_bytes} B, "
-                f"predicted step={p.time_s:.6f} s")
+                f"predicted step={p.time_s:.6f} s, executor={self.executor!r}"
+                + (", cuda_graphs=True" if self.cuda_graphs else ""))

@@ -139,6 +139,8 @@ class SwapManager:
         self.pool = HostBufferPool(pin=self.cuda)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self._inflight: deque = deque()   # (event, device tensor) of offloads not known to be done
+        self._events: dict[int, object] = {}      # data_ptr -> reload event (the libra::reload operator)
+        self._host_bufs: dict[int, torch.Tensor] = {}   # host data_ptr -> pooled buffer (libra::offload)
         self.d2h_bytes = 0
         self.h2d_bytes = 0
 

@@ -34,9 +34,11 @@ def _step(fn, zm):
     return out, loss
 
 
-def _optimized(zm, budget, solver):
-    # with loss_fn the plan covers model + loss and the module returns the loss
-    return optimize(zm.model, zm.args, budget, solver=solver, example_kwargs=zm.kwargs, loss_fn=zm.loss_fn)
+def _optimized(zm, budget, solver, executor="eager"):
+    # with loss_fn the plan covers model + loss and the module returns the loss; the tests above check the
+    # eager executor's peak and numerics (the inductor executor, the default on CUDA, is tested below)
+    return optimize(zm.model, zm.args, budget, solver=solver, example_kwargs=zm.kwargs, loss_fn=zm.loss_fn,
+                    executor=executor)
 
 
 def _measured_peak(om, zm):
@@ -134,3 +136,82 @@ def test_swap_all_overlaps_copies_with_compute():
     assert copies and kernels
     overlapping = sum(1 for c in copies if any(k[0] < c[1] and c[0] < k[1] for k in kernels))
     assert overlapping > 0, "no host<->device copy ran while a kernel was running"
+
+
+# ---------------------------------------------------------------- the Inductor executor (issue 10, item 3)
+def _grads(model):
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _max_err(grads, ref):
+    return max(float((g - r).abs().max()) for g, r in zip(grads, ref))
+
+
+def _compile_tolerance(zm):
+    """Eager gradients and the tolerance the inductor executor must meet:
+    max(10 x torch.compile's own max abs error against eager, 1e-5 x max |grad|)."""
+    ref = copy.deepcopy(zm.model)
+    _step(ref, zm)
+    eager = _grads(ref)
+    tc = copy.deepcopy(zm.model)
+    _step(torch.compile(tc), zm)
+    scale = max(float(g.abs().max()) for g in eager)
+    return eager, max(10 * _max_err(_grads(tc), eager), 1e-5 * scale)
+
+
+@pytest.mark.parametrize("solver", ["libra", "swap-all"])
+def test_inductor_executor_matches_torch_compile_numerics(solver):
+    """The default executor on CUDA compiles the plan with Inductor; swaps run
+    as libra:: operators on the transfer stream, overlapping compute."""
+    from torch.profiler import ProfilerActivity, profile
+
+    zm = _model("gpt2")
+    eager, tol = _compile_tolerance(zm)
+    om = optimize(zm.model, zm.args, BUDGET["gpt2"] if solver == "libra" else 0.5, solver=solver,
+                  example_kwargs=zm.kwargs, loss_fn=zm.loss_fn)
+    assert om.executor == "inductor"
+    for _ in range(2):
+        for p in zm.model.parameters():
+            p.grad = None
+        loss = om(*zm.args, **zm.kwargs)
+        loss.backward()
+        torch.cuda.synchronize()
+        err = _max_err(_grads(zm.model), eager)
+        assert err <= tol, (err, tol)
+    if solver == "swap-all":
+        assert om.swap.d2h_bytes > 0 and om.swap.pool.chunks == 1
+        assert "libra.offload" in om.inductor.compiled["forward"].code
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            _measured_peak(om, zm)
+        copies = [(e.time_range.start, e.time_range.end) for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA and e.name.startswith("Memcpy DtoH")]
+        kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith(("Memcpy", "Memset"))]
+        assert copies and any(k[0] < c[1] and c[0] < k[1] for c in copies for k in kernels)
+    # the compiled plan's peak is at most the plan's (Inductor frees at last use and fuses chains)
+    _measured_peak(om, zm)
+    assert _measured_peak(om, zm) <= 1.05 * om.plan.peak_bytes
+
+
+def test_inductor_cuda_graphs_for_a_swap_free_plan():
+    from libra_opt.errors import ExecutorError
+
+    zm = _model("gpt2")
+    eager, tol = _compile_tolerance(zm)
+    with pytest.raises(ExecutorError, match="without swaps"):
+        optimize(copy.deepcopy(zm.model), zm.args, 0.5, solver="swap-all", example_kwargs=zm.kwargs,
+                 loss_fn=zm.loss_fn, cuda_graphs=True)
+    om = optimize(zm.model, zm.args, 0.8, solver="checkpoint-all", example_kwargs=zm.kwargs, loss_fn=zm.loss_fn,
+                  cuda_graphs=True)
+    assert om.cuda_graphs and "cuda_graphs=True" in repr(om)
+    for _ in range(3):           # record, then replay
+        for p in zm.model.parameters():
+            p.grad = None
+        loss = om(*zm.args, **zm.kwargs)
+        loss.backward()
+        torch.cuda.synchronize()
+        assert _max_err(_grads(zm.model), eager) <= tol
+    assert om.inductor.cuda_graphs_used
+    # the CUDA graph pool holds the planned graph memory plus the static copy of the batch
+    assert om.inductor.cuda_graph_input_bytes > 0
+    assert _measured_peak(om, zm) <= 1.05 * om.predicted_peak_bytes

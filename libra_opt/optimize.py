@@ -21,6 +21,7 @@ from torch import nn
 
 from .capture import CapturedStep, build_problem, capture
 from .problem import RematProblem
+from .runtime.memory import configure_allocator, release_cached
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,7 @@ def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = T
             t0 = time.perf_counter()
             measured = profile_step(step, progress=False)
             logger.info("profiled %s in %.1f s", step.model_name, time.perf_counter() - t0)
+            release_cached(step.device)   # what profiling the unplanned step reserved goes back to the driver
             return build_problem(step, times=measured["times"], workspace=measured["workspace"],
                                  device=device_profile(step.device), optimizer=optimizer)
     times = {n.name: UNIT_TIME_S for n in step.joint.graph.nodes if n.op == "call_function"}
@@ -58,7 +60,9 @@ def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = T
 
 def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", example_kwargs: dict | None = None,
              autocast_dtype: torch.dtype | None = None, loss_fn: Callable | None = None, *,
-             optimizer: str = "adam", profile: bool = True, **solver_options):
+             optimizer: str = "adam", profile: bool = True, calibrate: bool = False,
+             allocator_margin: int | float | None = None, max_calibrations: int = 3,
+             problem_builder: Callable[[CapturedStep], RematProblem] | None = None, **solver_options):
     """Make ``model`` train within a memory budget.
 
     Parameters
@@ -87,20 +91,49 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     profile : bool
         Measure op times on the device (default); ``False`` plans with unit
         op times (fast; for tests).
+    calibrate : bool
+        Close the loop (:func:`libra_opt.calibrate.calibrate`): run one planned
+        step (forward and backward on the example inputs; the model's
+        gradients, buffers and RNG state are restored afterwards), measure the
+        reserved peak above what was allocated before it
+        (``torch.cuda.max_memory_reserved`` on CUDA; the storage tracker on a
+        CPU) and, while it exceeds the budget, re-plan with the overshoot taken
+        off the solver budget (at most ``max_calibrations`` plans).  Each
+        iteration is logged and kept in ``.calibration``.
+    allocator_margin : int or float, optional
+        Left out of the budget the solver plans to, for the allocator's
+        rounding and caching: bytes (int) or a fraction of the budget (float
+        < 1).  Default: 5 % of the budget on CUDA, 0 on a CPU
+        (:func:`libra_opt.calibrate.default_margin`).
+    max_calibrations : int
+        Plans made at most with ``calibrate`` (>= 1).
+    problem_builder : callable, optional
+        ``problem_builder(captured_step) -> RematProblem``: how the captured
+        step becomes a problem (default :func:`problem_of`, which profiles the
+        unplanned step).  ``max-batch`` passes one that reuses op times
+        profiled at smaller batches, so the unplanned step never runs at a
+        batch that may not fit.
     **solver_options
         Passed to the solver (its ``Options`` dataclass).
 
     Returns
     -------
     OptimizedModule
-        Called like ``model``; ``.plan`` is the :class:`~libra_opt.solvers.SolveResult`.
+        Called like ``model``; ``.plan`` is the :class:`~libra_opt.solvers.SolveResult`
+        (``plan.budget_bytes`` is the solver budget: the budget less the
+        margin and any calibration); ``.budget_bytes`` the budget asked for;
+        ``.calibration`` the list of
+        :class:`~libra_opt.calibrate.CalibrationStep` (empty without ``calibrate``).
 
     Raises
     ------
     CaptureError
         The model does not capture as one graph (the message names the break).
     InfeasibleBudgetError
-        No plan fits the budget (the message gives the smallest feasible one found).
+        No plan fits the budget (the message gives the smallest feasible one found);
+        with ``calibrate``, :class:`~libra_opt.calibrate.CalibrationError` when no
+        measured step fits (the message lists each iteration and the smallest
+        budget that would work).
     SolverNotFoundError, SolverUnavailableError
 
     Notes
@@ -111,16 +144,74 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     refuses them); optimize again for each shape you train with.  Under
     ``torch.no_grad()`` the module runs the model without a plan.
     ``backward(retain_graph=True)`` is not supported.
+
+    On CUDA the allocator's expandable segments are turned on unless the user
+    configured the allocator (``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF``)
+    or set ``LIBRA_OPT_EXPANDABLE_SEGMENTS=0``
+    (:func:`~libra_opt.runtime.memory.configure_allocator`).
     """
     from .runtime.module import OptimizedModule
+    from .simulator import no_remat_peak
     from .solvers import solve
+    from .units import parse_budget
 
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
     step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
-    problem = problem_of(step, optimizer=optimizer, profile=profile)
-    result = solve(problem, budget, solver, **solver_options)
-    logger.info("optimize(%s): solver %s, predicted peak %d bytes (budget %d) in %.1f s", step.model_name,
-                result.solver, result.peak_bytes, result.budget_bytes, time.perf_counter() - t0)
-    return OptimizedModule(model, problem, result, example_shapes=step.example_shapes,
-                           autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device)
+    if step.device.type == "cuda":
+        configure_allocator()
+    problem = (problem_builder or (lambda s: problem_of(s, optimizer=optimizer, profile=profile)))(step)
+    budget_bytes = parse_budget(budget, no_remat_peak(problem))
+    margin = _margin_bytes(allocator_margin, budget_bytes, step.device)
+
+    def plan(solver_budget) -> OptimizedModule:
+        result = solve(problem, solver_budget, solver, **solver_options)
+        logger.info("optimize(%s): solver %s, predicted peak %d bytes (solver budget %d of %d) in %.1f s",
+                    step.model_name, result.solver, result.peak_bytes, result.budget_bytes, budget_bytes,
+                    time.perf_counter() - t0)
+        return OptimizedModule(model, problem, result, example_shapes=step.example_shapes,
+                               autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device)
+
+    records = []
+    if calibrate:
+        from .calibrate import calibrate as close_loop
+        from .runtime.memory import memory_for
+
+        om, records = close_loop(plan, lambda m: _measured_step(m, args, example_kwargs or {}), budget_bytes,
+                                 memory_for(step.device), margin_bytes=margin, max_iterations=max_calibrations,
+                                 solver=solver if isinstance(solver, str) else getattr(solver, "name", "?"))
+    else:
+        om = plan(budget if margin == 0 else budget_bytes - margin)
+    om.budget_bytes = budget_bytes
+    om.calibration = records
+    return om
+
+
+def _margin_bytes(margin, budget_bytes: int, device) -> int:
+    """The allocator margin in bytes (see ``optimize(allocator_margin=)``)."""
+    from .calibrate import default_margin
+    from .errors import LibraOptError
+
+    if margin is None:
+        return default_margin(budget_bytes, device)
+    if isinstance(margin, float) and not 0 <= margin < 1:
+        raise LibraOptError(f"allocator_margin as a float is a fraction of the budget in [0, 1), got {margin}")
+    out = int(margin * budget_bytes) if isinstance(margin, float) else int(margin)
+    if not 0 <= out < budget_bytes:
+        raise LibraOptError(f"allocator_margin must be >= 0 and below the budget ({budget_bytes} bytes), got {margin}")
+    return out
+
+
+def _measured_step(om, args: tuple, kwargs: dict) -> None:
+    """One planned forward and backward on the example inputs, leaving the
+    model's gradients, buffers and RNG state as they were."""
+    from torch.utils._pytree import tree_leaves
+
+    from .calibrate import preserved_state
+
+    with preserved_state(om.model):
+        out = om(*args, **kwargs)
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        del out, outs
+        om.swap.synchronize()

@@ -19,22 +19,22 @@ MiB = 1 << 20
 
 
 def _reserved_peak_of_step(om, zm) -> tuple[int, int]:
-    """(max_memory_reserved - allocated before, max_memory_allocated - allocated before) of one step."""
+    """(peak reserved, peak allocated) of one step above what is allocated before it, measured by the
+    closed loop's own :func:`~libra_opt.calibrate.measure_step` on :class:`CudaMemory`."""
+    from libra_opt.calibrate import measure_step
+    from libra_opt.runtime.memory import CudaMemory
+
+    for p in zm.model.parameters():
+        p.grad = None                   # gradients are graph outputs of the plan
+
+    def step():
+        om(*zm.args, **zm.kwargs).backward()
+        om.swap.synchronize()
+
+    m = measure_step(step, CudaMemory("cuda"))
     for p in zm.model.parameters():
         p.grad = None
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    loss = om(*zm.args, **zm.kwargs)
-    loss.backward()
-    om.swap.synchronize()
-    torch.cuda.synchronize()
-    out = torch.cuda.max_memory_reserved() - base, torch.cuda.max_memory_allocated() - base
-    del loss
-    for p in zm.model.parameters():
-        p.grad = None
-    return out
+    return m.reserved_bytes, m.allocated_bytes
 
 
 @pytest.mark.parametrize("name,batch,seq", [("gpt2-tiny", 32, 128), ("resnet-tiny", 256, 64)])

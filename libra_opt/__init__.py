@@ -36,6 +36,7 @@ _LAZY = {
     "capture": "libra_opt.capture", "profile": "libra_opt.profiling",
     "optimize": "libra_opt.optimize",
     "LibraOptError": "libra_opt.errors", "InfeasibleBudgetError": "libra_opt.errors",
+    "CalibrationError": "libra_opt.errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from .errors import InfeasibleBudgetError
+from .errors import CalibrationError, InfeasibleBudgetError
 from .units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -141,17 +141,6 @@ class CalibrationStep:
                 f"peak {format_bytes(self.planned_peak_bytes)}, measured allocated "
                 f"{format_bytes(self.measured_allocated_bytes)}, reserved {format_bytes(self.measured_reserved_bytes)}"
                 f", {'fits' if self.fits else 'over by ' + format_bytes(self.overshoot_bytes)}")
-
-
-class CalibrationError(InfeasibleBudgetError):
-    """The closed loop found no plan whose measured reserved peak fits the
-    budget.  ``min_feasible_bytes`` is the smallest budget that would work
-    (measured where a step ran, else estimated); ``records`` the iterations."""
-
-    def __init__(self, budget_bytes: int, min_feasible_bytes: int | None, solver: str, detail: str,
-                 records: list[CalibrationStep]):
-        super().__init__(budget_bytes, min_feasible_bytes, solver, detail)
-        self.records = list(records)
 
 
 def calibrate(plan: Callable[[int], Any], run: Callable[[Any], Any], budget_bytes: int, memory, *,

@@ -131,7 +131,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         The model does not capture as one graph (the message names the break).
     InfeasibleBudgetError
         No plan fits the budget (the message gives the smallest feasible one found);
-        with ``calibrate``, :class:`~libra_opt.calibrate.CalibrationError` when no
+        with ``calibrate``, :class:`~libra_opt.errors.CalibrationError` when no
         measured step fits (the message lists each iteration and the smallest
         budget that would work).
     SolverNotFoundError, SolverUnavailableError

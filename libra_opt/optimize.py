@@ -104,7 +104,9 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         Left out of the budget the solver plans to, for the allocator's
         rounding and caching: bytes (int) or a fraction of the budget (float
         < 1).  Default: 5 % of the budget on CUDA, 0 on a CPU
-        (:func:`libra_opt.calibrate.default_margin`).
+        (:func:`libra_opt.calibrate.default_margin`).  When no plan leaves the
+        margin (e.g. solver ``"none"`` at ``1.0``), the first plan is made for
+        the whole budget (a warning is logged).
     max_calibrations : int
         Plans made at most with ``calibrate`` (>= 1).
     problem_builder : callable, optional
@@ -150,11 +152,15 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     or set ``LIBRA_OPT_EXPANDABLE_SEGMENTS=0``
     (:func:`~libra_opt.runtime.memory.configure_allocator`).
     """
+    from .errors import InfeasibleBudgetError
     from .runtime.module import OptimizedModule
     from .simulator import no_remat_peak
     from .solvers import solve
     from .units import parse_budget
 
+    if allocator_margin is not None and not 0 <= allocator_margin < (1 if isinstance(allocator_margin, float) else
+                                                                    float("inf")):
+        _margin_bytes(allocator_margin, 1, "cpu")       # raises with the message, before anything is captured
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
     step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
@@ -164,8 +170,20 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     budget_bytes = parse_budget(budget, no_remat_peak(problem))
     margin = _margin_bytes(allocator_margin, budget_bytes, step.device)
 
+    first = [margin > 0]
+
     def plan(solver_budget) -> OptimizedModule:
-        result = solve(problem, solver_budget, solver, **solver_options)
+        try:
+            result = solve(problem, solver_budget, solver, **solver_options)
+        except InfeasibleBudgetError:
+            if not first[0]:
+                raise
+            # no plan leaves the margin (e.g. solver "none" at 100%): plan to the whole budget instead
+            logger.warning("optimize(%s): no plan within the budget less the allocator margin (%d bytes); "
+                           "planning to the whole budget", step.model_name, margin)
+            result = solve(problem, budget, solver, **solver_options)
+        finally:
+            first[0] = False
         logger.info("optimize(%s): solver %s, predicted peak %d bytes (solver budget %d of %d) in %.1f s",
                     step.model_name, result.solver, result.peak_bytes, result.budget_bytes, budget_bytes,
                     time.perf_counter() - t0)

@@ -259,3 +259,22 @@ def test_optimize_calibrate_replans_until_the_fake_allocator_fits_and_trains_lik
     assert torch.equal(out.loss, ref_out.loss)
     for a, b in zip(zm.model.parameters(), ref.parameters()):
         assert torch.equal(a.grad, b.grad)
+
+
+def test_allocator_margin_is_planned_to_and_dropped_when_no_plan_leaves_it(caplog):
+    """The margin comes off the solver budget; where no plan leaves it (keep-everything at 100 %), the
+    whole budget is planned to, with a warning; a bad margin is refused before anything is captured."""
+    from libra_opt.errors import LibraOptError
+    from libra_opt.optimize import optimize
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                              torch.nn.Linear(256, 1))
+    x = torch.randn(64, 32)
+    om = optimize(mlp, x, 1.0, solver="none", profile=False, allocator_margin=0.1)
+    assert om.plan.budget_bytes == om.budget_bytes and "allocator margin" in caplog.text
+    om = optimize(mlp, x, 2 * om.budget_bytes, solver="none", profile=False, allocator_margin=4096)
+    assert om.plan.budget_bytes == om.budget_bytes - 4096 and om.plan.peak_bytes <= om.plan.budget_bytes
+    assert om.calibration == []
+    with pytest.raises(LibraOptError, match="allocator_margin"):
+        optimize(mlp, x, 1.0, solver="none", profile=False, allocator_margin=1.5)

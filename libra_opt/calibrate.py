@@ -43,6 +43,8 @@ __all__ = ["CalibrationStep", "CalibrationError", "StepMemory", "measure_step", 
 DEFAULT_MAX_ITERATIONS = 3
 #: allocator margin on CUDA when none is given: this fraction of the budget
 CUDA_MARGIN_FRACTION = 0.05
+#: a measured step that ran out of memory counts as over the budget by at least this fraction of it
+OOM_STEP = 0.05
 
 
 def default_margin(budget_bytes: int, device: torch.device | str) -> int:
@@ -71,6 +73,7 @@ class StepMemory:
     before_bytes: int
     allocated_bytes: int
     reserved_bytes: int
+    out_of_memory: bool = False
 
 
 def measure_step(run: Callable[[], Any], memory, *, module: Any = None, steps: int = 1) -> StepMemory:
@@ -92,16 +95,31 @@ def measure_step(run: Callable[[], Any], memory, *, module: Any = None, steps: i
     Returns
     -------
     StepMemory
+        ``out_of_memory`` when the step ran out of memory (a cap, or a full
+        device): the peaks are then those reached before it failed, and the
+        failed step's memory has been released.
     """
+    from .batch_search import _is_oom
+
     memory.synchronize()
     memory.empty_cache()
     before = memory.allocated()
     memory.reset_peak()
-    with memory.tracking(module):
-        for _ in range(max(1, int(steps))):
-            run()
-    memory.synchronize()
-    return StepMemory(before, memory.peak_allocated() - before, memory.peak_reserved() - before)
+    oom = False
+    try:
+        with memory.tracking(module):
+            for _ in range(max(1, int(steps))):
+                run()
+    except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
+        if not _is_oom(e):
+            raise
+        oom = True
+    out = StepMemory(before, memory.peak_allocated() - before, memory.peak_reserved() - before, oom)
+    if oom:                              # outside the except block: the failed step's frames are gone
+        memory.empty_cache()
+    else:
+        memory.synchronize()
+    return out
 
 
 @dataclass(frozen=True)
@@ -122,6 +140,9 @@ class CalibrationStep:
         Peak reserved during the step, above what was allocated before it.
     overshoot_bytes : int
         ``measured_reserved_bytes - budget`` (the user's budget): > 0 is over.
+        After an out-of-memory error, at least :data:`OOM_STEP` of the budget.
+    out_of_memory : bool
+        The measured step ran out of memory (the device could not hold it).
     """
 
     iteration: int
@@ -130,6 +151,7 @@ class CalibrationStep:
     measured_allocated_bytes: int
     measured_reserved_bytes: int
     overshoot_bytes: int
+    out_of_memory: bool = False
 
     @property
     def fits(self) -> bool:
@@ -140,6 +162,7 @@ class CalibrationStep:
         return (f"iteration {self.iteration}: solver budget {format_bytes(self.solver_budget_bytes)}, planned "
                 f"peak {format_bytes(self.planned_peak_bytes)}, measured allocated "
                 f"{format_bytes(self.measured_allocated_bytes)}, reserved {format_bytes(self.measured_reserved_bytes)}"
+                f"{' (out of memory)' if self.out_of_memory else ''}"
                 f", {'fits' if self.fits else 'over by ' + format_bytes(self.overshoot_bytes)}")
 
 
@@ -197,8 +220,11 @@ def calibrate(plan: Callable[[int], Any], run: Callable[[Any], Any], budget_byte
         except InfeasibleBudgetError as e:
             raise _no_plan(budget_bytes, solver_budget, e, records, solver) from None
         m = measure_step(lambda: run(module), memory, module=module, steps=steps)
+        over = m.reserved_bytes - budget_bytes
+        if m.out_of_memory:              # the step needed more than the device gave: over by an unknown amount
+            over = max(over, int(OOM_STEP * budget_bytes), 1)
         rec = CalibrationStep(i, solver_budget, int(module.plan.peak_bytes), m.allocated_bytes, m.reserved_bytes,
-                              m.reserved_bytes - budget_bytes)
+                              over, m.out_of_memory)
         records.append(rec)
         logger.info("calibration %s (budget %s)", rec, format_bytes(budget_bytes))
         if rec.fits:
@@ -206,9 +232,10 @@ def calibrate(plan: Callable[[int], Any], run: Callable[[Any], Any], budget_byte
         del module
         # the overshoot comes off what the plan used (it may sit under its solver budget)
         solver_budget = min(solver_budget, rec.planned_peak_bytes) - rec.overshoot_bytes
-    best = min(r.measured_reserved_bytes for r in records)
-    raise CalibrationError(budget_bytes, best, solver, _history(records) + "; a budget of the smallest measured "
-                           "reserved peak would have held that plan", records)
+    held = [r.measured_reserved_bytes for r in records if not r.out_of_memory]
+    raise CalibrationError(budget_bytes, min(held) if held else None, solver, _history(records) + (
+        "; a budget of the smallest measured reserved peak would have held that plan" if held else
+        "; every measured step ran out of memory: free device memory or lower the budget"), records)
 
 
 def _history(records: list[CalibrationStep]) -> str:
@@ -219,9 +246,14 @@ def _no_plan(budget_bytes: int, solver_budget: int, e: InfeasibleBudgetError, re
              solver: str) -> CalibrationError:
     """The solver found no plan for ``solver_budget``: the smallest budget that
     would work is estimated as the solver's smallest feasible budget plus the
-    allocator overhead measured so far (reserved above planned)."""
-    overhead = max((r.measured_reserved_bytes - r.planned_peak_bytes for r in records), default=0)
+    allocator overhead measured so far (reserved above planned), and above
+    the budget if a step ran out of memory within it."""
+    overhead = max((r.measured_reserved_bytes - r.planned_peak_bytes for r in records if not r.out_of_memory),
+                   default=0)
     need = None if e.min_feasible_bytes is None else int(e.min_feasible_bytes) + max(0, overhead)
+    ran_out = [r for r in records if r.out_of_memory]
+    if need is not None and ran_out:     # a step ran out of memory within the budget: more than it is needed
+        need = max(need, budget_bytes + max(r.overshoot_bytes for r in ran_out))
     detail = (f"no plan within the solver budget {format_bytes(solver_budget)}; " + _history(records)
               + (f"; estimated need: the solver's smallest feasible budget {format_bytes(e.min_feasible_bytes)} plus "
                  f"the measured allocator overhead {format_bytes(max(0, overhead))}" if need is not None else ""))

@@ -230,7 +230,12 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     if "joint" not in box:
         raise CaptureError(f"{name}: no joint graph was produced; does the step compute anything that "
                            f"requires grad? (call model.train() and make sure parameters require grad)")
-    return _finish_capture(model, box, autocast_dtype, name)
+    try:
+        return _finish_capture(model, box, autocast_dtype, name)
+    finally:
+        # TorchDynamo may keep the backend (and so ``box``) alive after this call: without this, the
+        # parameters and their gradients of every captured model stay allocated (seen across max-batch probes)
+        box.clear()
 
 
 def _finish_capture(model: nn.Module, box: dict, autocast_dtype, name: str) -> CapturedStep:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = ["MaxBatchResult", "NO_CUDA_MESSAGE", "memory_cap", "max_batch", "memory_floor", "predict_max_batch",
-           "scale_problem"]
+           "scale_problem", "search_under_cap"]
 
 
 # =================================================================== results
@@ -264,8 +264,6 @@ def max_batch(model: str, memory, method: str = "libra", *, executor: Any = None
         No CUDA (the message suggests ``--simulate``), a bad cap, an unknown
         method, or ``executor`` with a PyTorch reference method.
     """
-    from .zoo import build_model
-
     cap = _parse_cap(memory)
     if not torch.cuda.is_available():
         raise LibraOptError(NO_CUDA_MESSAGE)
@@ -275,16 +273,52 @@ def max_batch(model: str, memory, method: str = "libra", *, executor: Any = None
                             f"or --simulate")
     if method not in method_names():
         raise LibraOptError(f"unknown method {method!r}; use one of {', '.join(method_names())}")
+    allocator = configure_allocator()
+    note = (f"cap: torch.cuda.set_per_process_memory_fraction({format_bytes(cap)} / GPU total) during the training "
+            f"steps; AdamW (fused), {steps} steps per probe; allocator: {allocator}")
+    return search_under_cap(model, cap, method, memory=CudaMemory(device), capped=lambda module: memory_cap(cap, device),
+                            note=note, executor=executor, calibrate=calibrate, seq=seq, device=device, dtype=dtype,
+                            autocast_dtype=autocast_dtype, reserve=reserve, start=start, limit=limit, steps=steps,
+                            time_repeats=time_repeats, solver_options=solver_options, progress=progress, guess=guess,
+                            profile_batches=profile_batches, max_calibrations=max_calibrations)
+
+
+def search_under_cap(model: str, cap: int, method: str, *, memory, capped: Callable[[Any], Any], note: str = "",
+                     executor: Any = None, calibrate: bool = True, seq: int | None = None,
+                     device: str | torch.device = "cuda", dtype: torch.dtype = torch.float32,
+                     autocast_dtype: torch.dtype | None = None, reserve: float | int | None = None, start: int = 1,
+                     limit: int | None = None, steps: int = 2, time_repeats: int = 3,
+                     solver_options: dict | None = None, progress: bool = True, guess: int | None = None,
+                     profile_batches: tuple[int, int] = (2, 4), max_calibrations: int = 3) -> MaxBatchResult:
+    """The search of :func:`max_batch` on any device memory: ``memory`` (a
+    :class:`~libra_opt.runtime.memory.DeviceMemory`) is measured, and the
+    training steps of each probe run inside ``capped(module)`` (a context that
+    makes going over ``cap`` bytes an out-of-memory error; ``module`` is the
+    probe's :class:`~libra_opt.runtime.module.OptimizedModule`, ``None`` for
+    a PyTorch reference method).  :func:`max_batch` passes
+    :class:`~libra_opt.runtime.memory.CudaMemory` and :func:`memory_cap`; a CPU
+    test passes a :class:`~libra_opt.runtime.memory.FakeCachingAllocator` with
+    a cap and its ``tracking`` context.  Parameters and result as in
+    :func:`max_batch` (``cap`` in bytes; ``note`` opens the result's notes).
+
+    Raises
+    ------
+    LibraOptError
+        Unknown method, or ``executor`` with a PyTorch reference method.
+    """
+    from .zoo import build_model
+
+    if method not in method_names():
+        raise LibraOptError(f"unknown method {method!r}; use one of {', '.join(method_names())}")
     is_solver = method not in REFERENCE_METHODS
     if executor is not None and not is_solver:
         raise LibraOptError(f"executor= applies to libra-opt's solvers, not to PyTorch's {method!r}")
-    configure_allocator()
-    mem = CudaMemory(device)
+    device = torch.device(device)
+    mem = memory
     if reserve is None:
         reserve = 0 if (calibrate and is_solver) else DEFAULT_RESERVE
     res_bytes = _reserve_bytes(cap, reserve)
-    notes = [f"cap: torch.cuda.set_per_process_memory_fraction({format_bytes(cap)} / GPU total) during "
-             f"the training steps; AdamW (fused), {steps} steps per probe; allocator: {configure_allocator()}"]
+    notes = [note] if note else []
     profiles = None
     if is_solver:
         notes.append(f"solver budget at batch b = cap - resident(b) - reserve {format_bytes(res_bytes)}; resident "
@@ -331,12 +365,13 @@ def max_batch(model: str, memory, method: str = "libra", *, executor: Any = None
                           autocast_dtype=autocast_dtype, loss_fn=zm.loss_fn, calibrate=calibrate,
                           max_calibrations=max_calibrations, problem_builder=builder, **opts)
             box.append(_OptimizedStep(om, zm, loss_in_module=zm.loss_fn is not None))
-            info.update(planned_peak_bytes=resident.reserved_bytes + int(om.plan.peak_bytes),
+            info.update(module=om, planned_peak_bytes=resident.reserved_bytes + int(om.plan.peak_bytes),
                         solver_budget_bytes=int(om.plan.budget_bytes), calibration=list(om.calibration))
         else:
             train = make_train_step(method, zm, autocast_dtype=autocast_dtype)
             info["resident"] = measure_resident(zm.model, train.optimizer, (zm.args, zm.kwargs), mem)
-        with memory_cap(cap, device):
+        mem.empty_cache()               # the capped steps start from an empty cache, as the calibration's did
+        with capped(info.get("module")):
             mem.reset_peak()
             for _ in range(max(1, steps)):
                 train()
@@ -345,6 +380,7 @@ def max_batch(model: str, memory, method: str = "libra", *, executor: Any = None
             mem.synchronize()
             info.update(peak_bytes=mem.peak_allocated(), reserved_peak_bytes=mem.peak_reserved())
         del train, zm
+        info.pop("module", None)
         return info
 
     fits = oom_safe(probe)
@@ -367,7 +403,8 @@ def max_batch(model: str, memory, method: str = "libra", *, executor: Any = None
             result.calibration = info.get("calibration", [])
         else:
             result.notes.append(f"the timing run at batch {search.batch} did not fit: {t.reason}")
-        release_cached(device)
+    torch._dynamo.reset()               # Dynamo's cache holds the last probe's module (and its gradients)
+    mem.empty_cache()
     return result
 
 

@@ -29,6 +29,9 @@ __all__ = ["optimize", "problem_of"]
 
 #: compute time given to every op when the step is not profiled (seconds)
 UNIT_TIME_S = 1e-6
+#: steps measured per plan by ``calibrate``: the second starts from the cache the first left (the steady
+#: state, where the caching allocator hands out larger cached blocks than asked for)
+CALIBRATION_STEPS = 2
 
 
 def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = True) -> RematProblem:
@@ -92,10 +95,11 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         Measure op times on the device (default); ``False`` plans with unit
         op times (fast; for tests).
     calibrate : bool
-        Close the loop (:func:`libra_opt.calibrate.calibrate`): run one planned
-        step (forward and backward on the example inputs; the model's
-        gradients, buffers and RNG state are restored afterwards), measure the
-        reserved peak above what was allocated before it
+        Close the loop (:func:`libra_opt.calibrate.calibrate`): run the
+        planned step (forward and backward on the example inputs, twice:
+        :data:`CALIBRATION_STEPS`; the model's gradients, buffers and RNG
+        state are restored afterwards), measure the reserved peak above what
+        was allocated before it
         (``torch.cuda.max_memory_reserved`` on CUDA; the storage tracker on a
         CPU) and, while it exceeds the budget, re-plan with the overshoot taken
         off the solver budget (at most ``max_calibrations`` plans).  Each
@@ -197,6 +201,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
 
         om, records = close_loop(plan, lambda m: _measured_step(m, args, example_kwargs or {}), budget_bytes,
                                  memory_for(step.device), margin_bytes=margin, max_iterations=max_calibrations,
+                                 steps=CALIBRATION_STEPS,
                                  solver=solver if isinstance(solver, str) else getattr(solver, "name", "?"))
     else:
         om = plan(budget if margin == 0 else budget_bytes - margin)

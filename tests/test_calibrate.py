@@ -127,11 +127,15 @@ class _Planned:
         self.plan = SimpleNamespace(peak_bytes=self.count * size)
 
     def run(self, alloc: FakeCachingAllocator):
-        keys = [object() for _ in range(self.count)]
-        for k in keys:
-            alloc.malloc(k, self.size)
-        for k in keys:
-            alloc.free(k)
+        keys = []
+        try:
+            for _ in range(self.count):
+                k = object()
+                alloc.malloc(k, self.size)
+                keys.append(k)
+        finally:                             # tensors die with the step, out of memory or not
+            for k in keys:
+                alloc.free(k)
 
 
 def _toy_allocator(cap=None):
@@ -183,6 +187,20 @@ def test_loop_is_bounded_and_the_error_gives_the_smallest_budget_that_works():
     assert "no plan within the solver budget" in str(e.value) and "estimated need" in str(e.value)
     with pytest.raises(ValueError):
         calibrate(lambda b: _Planned(b, 1), lambda m: None, 0, alloc)
+
+
+def test_a_step_that_runs_out_of_memory_counts_as_over_and_is_replanned():
+    """Under a hard cap equal to the budget, the first plans run out of memory (no measurement but
+    "over"): each is recorded and re-planned at least 5 % lower until one fits."""
+    alloc = _toy_allocator(cap=100 * KiB)
+    module, records = calibrate(lambda b: _Planned(b, 3000), lambda m: m.run(alloc), 100 * KiB, alloc,
+                                max_iterations=3)
+    assert [r.out_of_memory for r in records] == [True, True, False]
+    assert all(r.overshoot_bytes >= 5 * KiB for r in records[:2]) and records[-1].fits
+    assert records[-1].measured_reserved_bytes == 100 * KiB and module.count == 30   # five full segments
+    assert "(out of memory)" in str(records[0]) and alloc.allocated() == 0
+    with pytest.raises(CalibrationError, match="every measured step ran out of memory"):
+        calibrate(lambda b: _Planned(b, 3000), lambda m: m.run(alloc), 100 * KiB, alloc, max_iterations=2)
 
 
 def test_margin_is_left_under_the_budget_by_the_first_plan():

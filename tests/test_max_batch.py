@@ -347,3 +347,42 @@ def memory_floor_at(profiles, batch):
     from libra_opt.max_batch import memory_floor
 
     return memory_floor(scale_problem(profiles[0], 2, profiles[1], 4, batch))
+
+
+def mlp_zoo(batch: int, device="cpu"):
+    """A zoo entry for the end-to-end test: six tanh layers of 256 (fast to capture and compile)."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(256, 256), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(256, 1)).to(device), (torch.randn(batch, 256, device=device),)
+
+
+@pytest.mark.slow
+def test_search_under_a_fake_cap_end_to_end(monkeypatch, one_intra_op_thread):
+    """max-batch's whole probe against a capped fake caching allocator on the CPU: profiled at 2 and 4 only,
+    planned from the captured step, calibrated (two measured steps), trained under the cap; nothing of a
+    probe stays allocated; eager's search ends at an out-of-memory error that the result names."""
+    import libra_opt.runtime.memory as mem
+    from libra_opt.max_batch import search_under_cap
+    from libra_opt.runtime.memory import FakeCachingAllocator
+
+    spec = f"{__name__}:mlp_zoo"
+    cap = 3 << 20
+    fake = FakeCachingAllocator.scaled(64, cap=cap)
+    monkeypatch.setattr(mem, "memory_for", lambda device: fake)
+    capped = (lambda module: fake.tracking(module))
+    res = search_under_cap(spec, cap, "libra", memory=fake, capped=capped, device="cpu", progress=False,
+                           guess=8, limit=8, time_repeats=1)
+    assert res.batch == 8 and res.search.limit_reached and res.limit.startswith("the search limit")
+    assert res.calibration and res.calibration[-1].fits
+    assert res.reserved_peak_bytes <= cap and res.samples_per_s > 0
+    assert res.resident.optimizer_state >= 2 * res.resident.parameters        # AdamW state, created up front
+    assert "measured reserved peak" in res.summary() and "profiled at batches 2 and 4 only" in res.summary()
+    assert fake.allocated() == 0                                              # no probe leaks its tensors
+    small = FakeCachingAllocator.scaled(64, cap=2 << 20)          # gradients 1.5 MiB + activations
+    eager = search_under_cap(spec, small.cap, "none", memory=small, capped=lambda module: small.tracking(module),
+                             device="cpu", progress=False, limit=4096, time_repeats=1)
+    bad = eager.search.first_failure
+    assert eager.batch >= 1 and bad == eager.batch + 1 and eager.limit.startswith(f"batch {bad}: out of memory")
+    assert all(t.info["reserved_peak_bytes"] <= small.cap for t in eager.search.trials if t.fits)

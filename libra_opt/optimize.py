@@ -162,9 +162,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     from .solvers import solve
     from .units import parse_budget
 
-    if allocator_margin is not None and not 0 <= allocator_margin < (1 if isinstance(allocator_margin, float) else
-                                                                    float("inf")):
-        _margin_bytes(allocator_margin, 1, "cpu")       # raises with the message, before anything is captured
+    _check_margin(allocator_margin)      # before anything is captured
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
     step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
@@ -210,6 +208,15 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     return om
 
 
+def _check_margin(margin) -> None:
+    """Raise :class:`LibraOptError` for a negative margin or a fraction outside [0, 1)."""
+    from .errors import LibraOptError
+
+    if margin is not None and (margin < 0 or (isinstance(margin, float) and margin >= 1)):
+        raise LibraOptError(f"allocator_margin is bytes (int >= 0) or a fraction of the budget in [0, 1), "
+                            f"got {margin}")
+
+
 def _margin_bytes(margin, budget_bytes: int, device) -> int:
     """The allocator margin in bytes (see ``optimize(allocator_margin=)``)."""
     from .calibrate import default_margin
@@ -217,8 +224,7 @@ def _margin_bytes(margin, budget_bytes: int, device) -> int:
 
     if margin is None:
         return default_margin(budget_bytes, device)
-    if isinstance(margin, float) and not 0 <= margin < 1:
-        raise LibraOptError(f"allocator_margin as a float is a fraction of the budget in [0, 1), got {margin}")
+    _check_margin(margin)
     out = int(margin * budget_bytes) if isinstance(margin, float) else int(margin)
     if not 0 <= out < budget_bytes:
         raise LibraOptError(f"allocator_margin must be >= 0 and below the budget ({budget_bytes} bytes), got {margin}")

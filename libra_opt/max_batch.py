@@ -493,6 +493,8 @@ def _what_limits(search: SearchResult, floors: dict, limit: int | None) -> str:
         return "nothing failed"
     reason = search.trial(bad).reason
     f = floors.get(bad)
+    if f is not None and f["budget_bytes"] <= 0:
+        f = None                         # resident memory alone fills the cap: the reason says so
     if f is not None and f["bytes"] > f["budget_bytes"]:
         return (f"the memory floor at batch {bad}: {_floor_text(f)}, above the budget "
                 f"{format_bytes(f['budget_bytes'])}")

@@ -386,3 +386,31 @@ def test_search_under_a_fake_cap_end_to_end(monkeypatch, one_intra_op_thread):
     bad = eager.search.first_failure
     assert eager.batch >= 1 and bad == eager.batch + 1 and eager.limit.startswith(f"batch {bad}: out of memory")
     assert all(t.info["reserved_peak_bytes"] <= small.cap for t in eager.search.trials if t.fits)
+
+
+def test_cli_max_batch_passes_calibration_and_profile_batches_through(monkeypatch, capsys):
+    """On a GPU the CLI calls max_batch with the closed loop on (--no-calibrate turns it off), the
+    reserve left to max_batch's default, and the profiling batches; it prints the summary."""
+    import libra_opt.max_batch as mb
+    from libra_opt.batch_search import SearchResult
+    from libra_opt.cli import main
+
+    calls = []
+
+    def fake_max_batch(model, memory, method, **kw):
+        calls.append(kw)
+        return mb.MaxBatchResult(model, method, 16 << 30, 7, 10.0, 0.7, False,
+                                 SearchResult(7, (Trial(7, True), Trial(8, False, "out of memory"))),
+                                 planned_peak_bytes=15 << 30, reserved_peak_bytes=(15 << 30) + (1 << 29),
+                                 limit="batch 8: out of memory")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
+    monkeypatch.setattr(mb, "max_batch", fake_max_batch)
+    assert main(["max-batch", "--model", "gpt2-tiny", "--memory", "16GiB", "--profile-batches", "3,6"]) == 0
+    assert main(["max-batch", "--model", "gpt2-tiny", "--memory", "16GiB", "--no-calibrate", "--reserve", "1GiB"]) == 0
+    assert calls[0]["calibrate"] is True and calls[0]["reserve"] is None and calls[0]["profile_batches"] == (3, 6)
+    assert calls[1]["calibrate"] is False and calls[1]["reserve"] == 1 << 30
+    out = capsys.readouterr().out
+    assert "planned peak 15.00 GiB, measured reserved peak 15.50 GiB (cap 16.00 GiB)" in out
+    assert "limited by: batch 8: out of memory" in out

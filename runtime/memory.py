@@ -100,8 +100,9 @@ def configure_allocator() -> str:
 
     Expandable segments map memory into one growing segment per pool instead
     of fixed-size segments, which cuts what is reserved beyond what is
-    allocated (measured on an H100, GPT-2 medium b8: reserved 19.0 GiB without,
-    16.2 GiB with, for 15.3 GiB allocated).
+    allocated (H100, GPT-2 medium b8, ``gpu-measurements/README.md``: peak
+    reserved 19.0 GiB for 17.0 GiB allocated without, 16.2 GiB for 15.3 GiB
+    with).
 
     Left alone when ``PYTORCH_CUDA_ALLOC_CONF`` or ``PYTORCH_ALLOC_CONF`` is set
     (the user configured the allocator), when ``LIBRA_OPT_EXPANDABLE_SEGMENTS=0``,

@@ -6,13 +6,16 @@ the device, side by side in one run:
 
 - eager PyTorch: step time and peak;
 - the no-eviction plan (``none``) through the runtime: its overhead over eager;
-- the ``libra`` plan at 70% and 40% of the no-remat peak (each run under
-  ``torch.cuda.set_per_process_memory_fraction`` set to the budget plus the
-  fixed memory, so going over is an OOM);
+- the ``libra`` plan at 70% and 40% of the no-remat peak (calibrated, each
+  run under ``torch.cuda.set_per_process_memory_fraction`` set to what is
+  reserved before the step plus the budget, so going over is an OOM);
 - ``swap-all``: how much of its copy time hides behind compute.
 
 For every plan: measured peak (``torch.cuda.max_memory_allocated`` over what
-is resident before the step) against the simulated peak, and measured step
+is resident before the step) against the simulated (planned) peak, the
+measured reserved peak (``torch.cuda.max_memory_reserved`` over the same)
+against the budget (budget plans are calibrated: ``optimize(calibrate=True)``,
+and run under a cap of what is reserved before the step plus the budget), and measured step
 time (CUDA events, warm-up, median of repeats) against the simulated step
 time.  Prints a table; ``--out`` also writes the rows as JSON.
 
@@ -76,28 +79,31 @@ def _time(step, warmup: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _peak(step) -> int:
+def _peak(step) -> tuple[int, int]:
+    """(peak allocated, peak reserved) of one step above what is allocated before it, bytes."""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
     loss = step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
+    reserved = torch.cuda.max_memory_reserved() - base
     del loss
-    return peak
+    return peak, reserved
 
 
 class _Fraction:
-    """``set_per_process_memory_fraction`` for a budget run, restored after."""
+    """``set_per_process_memory_fraction`` for a budget run: what is reserved
+    (after ``empty_cache``) plus the budget; restored after."""
 
-    def __init__(self, allowed_bytes: int | None):
-        self.allowed = allowed_bytes
+    def __init__(self, budget_bytes: int | None):
+        self.budget = budget_bytes
 
     def __enter__(self):
-        if self.allowed is not None:
+        if self.budget is not None:
             torch.cuda.empty_cache()
-            total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, self.allowed / total))
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, (torch.cuda.memory_reserved() + self.budget) / total))
 
     def __exit__(self, *exc):
         torch.cuda.set_per_process_memory_fraction(1.0)
@@ -108,7 +114,7 @@ class _Fraction:
 def run_model(key: str, budgets, warmup: int, repeats: int, log) -> list[dict]:
     from libra_opt.capture import capture
     from libra_opt.errors import InfeasibleBudgetError
-    from libra_opt.optimize import problem_of
+    from libra_opt.optimize import optimize, problem_of
     from libra_opt.runtime.module import OptimizedModule
     from libra_opt.simulator import no_remat_peak
     from libra_opt.solvers import solve
@@ -127,32 +133,38 @@ def run_model(key: str, budgets, warmup: int, repeats: int, log) -> list[dict]:
 
     eager = _step_fn(model, model, zm)
     eager_t = _time(eager, warmup, repeats)
-    eager_peak = _peak(eager)
-    rows.append(dict(model=key, plan="eager", budget=None, sim_peak=peak0, peak=eager_peak, sim_time=None,
-                     time=eager_t, note=""))
+    eager_peak, eager_reserved = _peak(eager)
+    rows.append(dict(model=key, plan="eager", budget=None, sim_peak=peak0, peak=eager_peak, reserved=eager_reserved,
+                     sim_time=None, time=eager_t, note=""))
 
     def measure(solver, frac):
+        # a budget plan: calibrated by the closed loop (one measured step, re-planned while its reserved peak
+        # is over), then run under a hard cap of what is reserved before the step plus the budget
+        budget = None if solver == "none" else int(frac * peak0)
         try:
-            res = solve(problem, frac, solver)
+            if budget is None:
+                om = OptimizedModule(model, problem, solve(problem, frac, solver), example_shapes=step.example_shapes,
+                                     loss_fn=zm.loss_fn, device="cuda")
+            else:
+                om = optimize(model, zm.args, budget, solver=solver, example_kwargs=zm.kwargs, loss_fn=zm.loss_fn,
+                              calibrate=True, problem_builder=lambda s: problem)
         except InfeasibleBudgetError as e:
             rows.append(dict(model=key, plan=solver, budget=frac, sim_peak=None, peak=None, sim_time=None,
                              time=None, note=f"infeasible (min {e.min_feasible_bytes})"))
             return None
-        om = OptimizedModule(model, problem, res, example_shapes=step.example_shapes, loss_fn=zm.loss_fn,
-                             device="cuda")
+        res = om.plan
         fn = _step_fn(om, model, zm, stream=om.swap.stream)
-        note = ""
-        allowed = None
-        if solver != "none":
-            base = torch.cuda.memory_allocated()
-            allowed = base + int(res.budget_bytes * 1.05) + (64 << 20)
+        note = "" if budget is None else f"{len(om.calibration)} plan(s)"
         try:
-            with _Fraction(allowed):
+            with _Fraction(budget):
                 t = _time(fn, warmup, repeats)
-                pk = _peak(fn)
+                pk, rsv = _peak(fn)
         except torch.cuda.OutOfMemoryError:
-            t, pk, note = None, None, "OOM under the budget's memory fraction"
-        row = dict(model=key, plan=solver, budget=frac, sim_peak=res.peak_bytes, peak=pk, sim_time=res.time_s,
+            t, pk, rsv, note = None, None, None, "OOM under the budget's memory fraction"
+        if budget is not None and rsv is not None and rsv > budget:
+            note += f"; reserved over the budget {_fmt_bytes(budget)}"
+        row = dict(model=key, plan=solver, budget=frac, sim_peak=res.peak_bytes, peak=pk, reserved=rsv,
+                   budget_bytes=budget, sim_time=res.time_s,
                    time=t, note=note, recomputed=len(om.lowered.recomputed) if om.lowered else 0,
                    swapped=len(om.lowered.swapped) if om.lowered else 0,
                    d2h_bytes=res.simulation.d2h_bytes if res.simulation else 0,
@@ -190,11 +202,13 @@ def _ratio(a, b):
 
 
 def print_table(rows) -> None:
-    head = ("model", "plan", "budget", "sim peak", "peak", "peak/sim", "sim ms", "ms", "ms/sim", "note")
+    head = ("model", "plan", "budget", "sim peak", "peak", "reserved", "peak/sim", "reserved/budget", "sim ms",
+            "ms", "ms/sim", "note")
     lines = [head]
     for r in rows:
         lines.append((r["model"], r["plan"], "-" if r["budget"] is None else f"{r['budget']:.0%}",
-                      _fmt_bytes(r["sim_peak"]), _fmt_bytes(r["peak"]), _ratio(r["peak"], r["sim_peak"]),
+                      _fmt_bytes(r["sim_peak"]), _fmt_bytes(r["peak"]), _fmt_bytes(r.get("reserved")),
+                      _ratio(r["peak"], r["sim_peak"]), _ratio(r.get("reserved"), r.get("budget_bytes")),
                       _fmt_s(r["sim_time"]), _fmt_s(r["time"]), _ratio(r["time"], r["sim_time"]), r["note"]))
     widths = [max(len(str(x[i])) for x in lines) for i in range(len(head))]
     for k, ln in enumerate(lines):

@@ -39,6 +39,7 @@ _LAZY = {
     "LibraOptError": "libra_opt.errors", "InfeasibleBudgetError": "libra_opt.errors",
     "BudgetError": "libra_opt.errors", "MissingExtraError": "libra_opt.errors",
     "random_layered_graph": "libra_opt.generators",
+    "CalibrationError": "libra_opt.errors",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

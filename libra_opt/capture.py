@@ -236,7 +236,12 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         raise CaptureError(f"{name}: no joint graph was produced; does the step compute anything that "
                            f"requires grad? (call model.train() and make sure parameters require grad)")
     _check_data_independent(box["joint"], name)
-    return _finish_capture(model, box, autocast_dtype, name)
+    try:
+        return _finish_capture(model, box, autocast_dtype, name)
+    finally:
+        # TorchDynamo may keep the backend (and so ``box``) alive after this call: without this, the
+        # parameters and their gradients of every captured model stay allocated (seen across max-batch probes)
+        box.clear()
 
 
 _DATA_DEPENDENT_HINT = ("A plan needs every value's size before the step runs: move .item() / float(t) / "

@@ -71,6 +71,19 @@ class InfeasibleBudgetError(LibraOptError, ValueError):
         self.solver = solver
 
 
+class CalibrationError(InfeasibleBudgetError):
+    """The closed loop (``optimize(calibrate=True)``, :mod:`libra_opt.calibrate`)
+    found no plan whose measured reserved peak fits the budget.
+    ``min_feasible_bytes`` is the smallest budget that would work (measured
+    where a step ran, else estimated); ``records`` the iterations
+    (:class:`~libra_opt.calibrate.CalibrationStep`)."""
+
+    def __init__(self, budget_bytes: int, min_feasible_bytes: int | None, solver: str, detail: str,
+                 records: list):
+        super().__init__(budget_bytes, min_feasible_bytes, solver, detail)
+        self.records = list(records)
+
+
 class SolverError(LibraOptError):
     """A solver failed for a reason other than an infeasible budget."""
 

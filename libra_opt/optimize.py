@@ -22,6 +22,7 @@ from torch import nn
 
 from .capture import CapturedStep, build_problem, capture
 from .problem import RematProblem
+from .runtime.memory import configure_allocator, release_cached
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,9 @@ __all__ = ["optimize", "problem_of"]
 
 #: compute time given to every op when the step is not profiled (seconds)
 UNIT_TIME_S = 1e-6
+#: steps measured per plan by ``calibrate``: the second starts from the cache the first left (the steady
+#: state, where the caching allocator hands out larger cached blocks than asked for)
+CALIBRATION_STEPS = 2
 
 
 def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = True) -> RematProblem:
@@ -51,6 +55,7 @@ def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = T
             t0 = time.perf_counter()
             measured = profile_step(step, progress=False)
             logger.info("profiled %s in %.1f s", step.model_name, time.perf_counter() - t0)
+            release_cached(step.device)   # what profiling the unplanned step reserved goes back to the driver
             problem = build_problem(step, times=measured["times"], workspace=measured["workspace"],
                                     device=device_profile(step.device), optimizer=optimizer)
             prov = problem.provenance  # the calibration and spread of the profile (profiling.profile_step)
@@ -63,7 +68,9 @@ def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = T
 def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", example_kwargs: dict | None = None,
              autocast_dtype: torch.dtype | None = None, loss_fn: Callable | None = None, *,
              optimizer: str = "adam", profile: bool = True, executor: str | None = None,
-             cuda_graphs: bool = False, **solver_options):
+             cuda_graphs: bool = False, calibrate: bool = False, allocator_margin: int | float | None = None,
+             max_calibrations: int = 3, problem_builder: Callable[[CapturedStep], RematProblem] | None = None,
+             **solver_options):
     """Make ``model`` train within a memory budget.
 
     Parameters
@@ -103,13 +110,42 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     cuda_graphs : bool
         Replay the compiled graphs as CUDA graphs (Inductor's CUDA graph
         trees); needs CUDA, ``executor="inductor"`` and a plan without swaps.
+    calibrate : bool
+        Close the loop (:func:`libra_opt.calibrate.calibrate`): run the
+        planned step (forward and backward on the example inputs, twice:
+        :data:`CALIBRATION_STEPS`; the model's gradients, buffers and RNG
+        state are restored afterwards), measure the reserved peak above what
+        was allocated before it
+        (``torch.cuda.max_memory_reserved`` on CUDA; the storage tracker on a
+        CPU) and, while it exceeds the budget, re-plan with the overshoot taken
+        off the solver budget (at most ``max_calibrations`` plans).  Each
+        iteration is logged and kept in ``.calibration``.
+    allocator_margin : int or float, optional
+        Left out of the budget the solver plans to, for the allocator's
+        rounding and caching: bytes (int) or a fraction of the budget (float
+        < 1).  Default: 5 % of the budget on CUDA, 0 on a CPU
+        (:func:`libra_opt.calibrate.default_margin`).  When no plan leaves the
+        margin (e.g. solver ``"none"`` at ``1.0``), the first plan is made for
+        the whole budget (a warning is logged).
+    max_calibrations : int
+        Plans made at most with ``calibrate`` (>= 1).
+    problem_builder : callable, optional
+        ``problem_builder(captured_step) -> RematProblem``: how the captured
+        step becomes a problem (default :func:`problem_of`, which profiles the
+        unplanned step).  ``max-batch`` passes one that reuses op times
+        profiled at smaller batches, so the unplanned step never runs at a
+        batch that may not fit.
     **solver_options
         Passed to the solver (its ``Options`` dataclass).
 
     Returns
     -------
     OptimizedModule
-        Called like ``model``; ``.plan`` is the :class:`~libra_opt.solvers.SolveResult`.
+        Called like ``model``; ``.plan`` is the :class:`~libra_opt.solvers.SolveResult`
+        (``plan.budget_bytes`` is the solver budget: the budget less the
+        margin and any calibration); ``.budget_bytes`` the budget asked for;
+        ``.calibration`` the list of
+        :class:`~libra_opt.calibrate.CalibrationStep` (empty without ``calibrate``).
 
     Raises
     ------
@@ -119,7 +155,10 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     CaptureError
         The model does not capture as one graph (the message names the break).
     InfeasibleBudgetError
-        No plan fits the budget (the message gives the smallest feasible one found).
+        No plan fits the budget (the message gives the smallest feasible one found);
+        with ``calibrate``, :class:`~libra_opt.errors.CalibrationError` when no
+        measured step fits (the message lists each iteration and the smallest
+        budget that would work).
     SolverNotFoundError, SolverUnavailableError
     ExecutorError
         Unknown ``executor`` (raised before anything is captured), or
@@ -137,27 +176,108 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     Python (``.item()``) or makes data-dependent shapes (``torch.nonzero``)
     raises :class:`~libra_opt.errors.CaptureError` here, naming the op.
     ``backward(retain_graph=True)`` is not supported.
+
+    On CUDA the allocator's expandable segments are turned on unless the user
+    configured the allocator (``PYTORCH_CUDA_ALLOC_CONF`` / ``PYTORCH_ALLOC_CONF``)
+    or set ``LIBRA_OPT_EXPANDABLE_SEGMENTS=0``
+    (:func:`~libra_opt.runtime.memory.configure_allocator`).
     """
+    from .errors import InfeasibleBudgetError
     from .runtime.inductor import check_cuda_graphs, resolve_executor
     from .runtime.module import OptimizedModule
+    from .simulator import no_remat_peak
     from .solvers import solve
-    from .units import check_budget
+    from .units import check_budget, parse_budget
 
-    check_budget(budget)  # the budget contract, before any capture or profiling
+    # the budget contract, the executor and the margin: checked before anything is captured or profiled
+    check_budget(budget)
+    _check_margin(allocator_margin)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     executor = resolve_executor(executor, device)
     check_cuda_graphs(cuda_graphs, executor, device, swaps=0)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
     step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
-    problem = problem_of(step, optimizer=optimizer, profile=profile)
+    if step.device.type == "cuda":
+        configure_allocator()
+    problem = (problem_builder or (lambda s: problem_of(s, optimizer=optimizer, profile=profile)))(step)
     if executor != "eager" and problem.device.memory_bytes_per_s:
         from .costs import for_executor
 
         problem = for_executor(problem, executor)  # recomputes priced as the executor runs them (fused)
-    result = solve(problem, budget, solver, **solver_options)
-    logger.info("optimize(%s): solver %s, predicted peak %d bytes (budget %d) in %.1f s", step.model_name,
-                result.solver, result.peak_bytes, result.budget_bytes, time.perf_counter() - t0)
-    return OptimizedModule(model, problem, result, example_shapes=step.example_shapes,
-                           autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device,
-                           executor=executor, cuda_graphs=cuda_graphs)
+    budget_bytes = parse_budget(budget, no_remat_peak(problem))
+    margin = _margin_bytes(allocator_margin, budget_bytes, step.device)
+
+    first = [margin > 0]
+
+    def plan(solver_budget) -> OptimizedModule:
+        try:
+            result = solve(problem, solver_budget, solver, **solver_options)
+        except InfeasibleBudgetError:
+            if not first[0]:
+                raise
+            # no plan leaves the margin (e.g. solver "none" at 100%): plan to the whole budget instead
+            logger.warning("optimize(%s): no plan within the budget less the allocator margin (%d bytes); "
+                           "planning to the whole budget", step.model_name, margin)
+            result = solve(problem, budget, solver, **solver_options)
+        finally:
+            first[0] = False
+        logger.info("optimize(%s): solver %s, predicted peak %d bytes (solver budget %d of %d) in %.1f s",
+                    step.model_name, result.solver, result.peak_bytes, result.budget_bytes, budget_bytes,
+                    time.perf_counter() - t0)
+        return OptimizedModule(model, problem, result, example_shapes=step.example_shapes,
+                               autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device,
+                               executor=executor, cuda_graphs=cuda_graphs)
+
+    records = []
+    if calibrate:
+        from .calibrate import calibrate as close_loop
+        from .runtime.memory import memory_for
+
+        om, records = close_loop(plan, lambda m: _measured_step(m, args, example_kwargs or {}), budget_bytes,
+                                 memory_for(step.device), margin_bytes=margin, max_iterations=max_calibrations,
+                                 steps=CALIBRATION_STEPS,
+                                 solver=solver if isinstance(solver, str) else getattr(solver, "name", "?"))
+    else:
+        om = plan(budget if margin == 0 else budget_bytes - margin)
+    om.budget_bytes = budget_bytes
+    om.calibration = records
+    return om
+
+
+def _check_margin(margin) -> None:
+    """Raise :class:`LibraOptError` for a negative margin or a fraction outside [0, 1)."""
+    from .errors import LibraOptError
+
+    if margin is not None and (margin < 0 or (isinstance(margin, float) and margin >= 1)):
+        raise LibraOptError(f"allocator_margin is bytes (int >= 0) or a fraction of the budget in [0, 1), "
+                            f"got {margin}")
+
+
+def _margin_bytes(margin, budget_bytes: int, device) -> int:
+    """The allocator margin in bytes (see ``optimize(allocator_margin=)``)."""
+    from .calibrate import default_margin
+    from .errors import LibraOptError
+
+    if margin is None:
+        return default_margin(budget_bytes, device)
+    _check_margin(margin)
+    out = int(margin * budget_bytes) if isinstance(margin, float) else int(margin)
+    if not 0 <= out < budget_bytes:
+        raise LibraOptError(f"allocator_margin must be >= 0 and below the budget ({budget_bytes} bytes), got {margin}")
+    return out
+
+
+def _measured_step(om, args: tuple, kwargs: dict) -> None:
+    """One planned forward and backward on the example inputs, leaving the
+    model's gradients, buffers and RNG state as they were."""
+    from torch.utils._pytree import tree_leaves
+
+    from .calibrate import preserved_state
+
+    with preserved_state(om.model):
+        out = om(*args, **kwargs)
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        del out, outs
+        om.swap.synchronize()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
@@ -42,7 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 __all__ = ["REFERENCE_METHODS", "DEFAULT_RESERVE", "method_names", "checkpoint_blocks", "fixed_memory_bytes",
-           "solver_budget", "TrainStep", "make_train_step", "optimize_zoo", "time_steps"]
+           "solver_budget", "TrainStep", "make_train_step", "optimize_zoo", "time_steps", "ResidentMemory",
+           "init_optimizer_state", "measure_resident"]
 
 #: PyTorch reference methods (not solvers): name -> what it does
 REFERENCE_METHODS = {
@@ -210,6 +212,133 @@ def solver_budget(cap_bytes: int, fixed_bytes: int, reserve: float | int = DEFAU
                                     f"the fixed memory ({format_bytes(fixed_bytes)}) plus the reserve "
                                     f"({format_bytes(res)}) fill the cap of {format_bytes(cap_bytes)}")
     return budget
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> int:
+    """Create the state an optimizer would create lazily at its first step,
+    now, so it is resident before the step is measured; returns the number of
+    parameters that got state.
+
+    Parameters without state get a zero gradient and one ``optimizer.step()``
+    runs with every group's learning rate at 0 (so no parameter moves: Adam /
+    AdamW's update and decoupled weight decay both scale with it); then the
+    ``step`` counters are set back to 0 and the zero gradients removed, which
+    leaves Adam / AdamW exactly as their lazy initialisation would (both
+    moments are zeros).  Other optimizers get the state their first step makes
+    from a zero gradient (e.g. SGD's momentum buffer, zeros).
+
+    Source: ``torch.optim.Adam`` / ``AdamW`` ``_init_group`` (state created at
+    the first ``step``: ``step``, ``exp_avg``, ``exp_avg_sq``).
+    """
+    fresh = [p for g in optimizer.param_groups for p in g["params"]
+             if p.requires_grad and not optimizer.state.get(p)]
+    if not fresh:
+        return 0
+    fresh_ids = {id(p) for p in fresh}
+    saved_grads = [(p, p.grad) for g in optimizer.param_groups for p in g["params"]]
+    saved_lr = [g["lr"] for g in optimizer.param_groups]
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            p.grad = torch.zeros_like(p) if id(p) in fresh_ids else None
+        g["lr"] = g["lr"] * 0 if isinstance(g["lr"], torch.Tensor) else 0.0
+    try:
+        optimizer.step()
+    finally:
+        for g, lr in zip(optimizer.param_groups, saved_lr):
+            g["lr"] = lr
+        for p, grad in saved_grads:
+            p.grad = grad
+    with torch.no_grad():
+        for p in fresh:
+            step = optimizer.state[p].get("step")
+            if isinstance(step, torch.Tensor):
+                step.zero_()
+            elif step is not None:
+                optimizer.state[p]["step"] = 0
+    return len(fresh)
+
+
+@dataclass(frozen=True)
+class ResidentMemory:
+    """What is resident before a training step (bytes).
+
+    ``allocated_bytes`` and ``reserved_bytes`` are measured on the device
+    (after the allocator's cache is released); the rest is the breakdown by
+    kind, counted from the tensors.  ``reserved_bytes`` is what a cap must
+    hold besides the step: cap = resident + budget.
+
+    Attributes
+    ----------
+    parameters, buffers, optimizer_state, gradients, inputs : int
+        Bytes of each kind (gradients: those the user keeps between steps).
+    allocated_bytes, reserved_bytes : int
+        Measured (``torch.cuda.memory_allocated`` / ``memory_reserved`` on CUDA).
+    """
+
+    parameters: int
+    buffers: int
+    optimizer_state: int
+    gradients: int
+    inputs: int
+    allocated_bytes: int
+    reserved_bytes: int
+
+    @property
+    def allocator_overhead(self) -> int:
+        """Reserved beyond allocated before the step (bytes)."""
+        return self.reserved_bytes - self.allocated_bytes
+
+    def __str__(self) -> str:
+        return (f"resident {format_bytes(self.reserved_bytes)} reserved ({format_bytes(self.allocated_bytes)} "
+                f"allocated: parameters {format_bytes(self.parameters)}, buffers {format_bytes(self.buffers)}, "
+                f"optimizer state {format_bytes(self.optimizer_state)}, gradients kept {format_bytes(self.gradients)}, "
+                f"inputs {format_bytes(self.inputs)})")
+
+
+def _tensor_bytes(tensors) -> int:
+    """Bytes of the distinct storages of ``tensors`` (each counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            s = t.untyped_storage()
+            key = (t.device, s.data_ptr())
+            if s.nbytes() and key not in seen:
+                seen.add(key)
+                total += s.nbytes()
+    return total
+
+
+def measure_resident(model: nn.Module, optimizer: torch.optim.Optimizer | None, inputs: Any, memory) -> ResidentMemory:
+    """Resident memory before a step, as measured: the optimizer's state is
+    created first if it does not exist yet (:func:`init_optimizer_state`;
+    AdamW creates it lazily at the first step), the allocator's cache is
+    released, then allocated and reserved bytes are read.
+
+    Parameters
+    ----------
+    model : nn.Module
+    optimizer : torch.optim.Optimizer, optional
+    inputs : any
+        The batch (tensors in nested tuples / lists / dicts).
+    memory : DeviceMemory
+        :func:`libra_opt.runtime.memory.memory_for` of the model's device.
+
+    Returns
+    -------
+    ResidentMemory
+    """
+    from torch.utils._pytree import tree_flatten
+
+    if optimizer is not None:
+        init_optimizer_state(optimizer)
+    memory.synchronize()
+    memory.empty_cache()
+    state = [] if optimizer is None else [v for st in optimizer.state.values() for v in st.values()]
+    return ResidentMemory(
+        parameters=_tensor_bytes(model.parameters()), buffers=_tensor_bytes(model.buffers()),
+        optimizer_state=_tensor_bytes(state), gradients=_tensor_bytes(p.grad for p in model.parameters()),
+        inputs=_tensor_bytes(tree_flatten(inputs)[0]), allocated_bytes=memory.allocated(),
+        reserved_bytes=memory.reserved())
 
 
 def _autocast(device: torch.device, dtype: torch.dtype | None):

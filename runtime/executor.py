@@ -111,13 +111,18 @@ class StorageTracker(TorchDispatchMode):
             nb = int(s.nbytes())
             if nb == 0:
                 continue
-            self._live[key] = nb
-            self.live_bytes += nb
-            self.allocations += 1
-            if self.live_bytes > self.peak_bytes:
-                self.peak_bytes = self.live_bytes
+            self._add(key, nb)
             weakref.finalize(s, self._free, key)
         return out
+
+    def _add(self, key: int, nb: int) -> None:
+        """Count a new storage of ``nb`` bytes (``key``: its ``_cdata``);
+        subclasses hook allocations here and frees in :meth:`_free`."""
+        self._live[key] = nb
+        self.live_bytes += nb
+        self.allocations += 1
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
 
 
 @dataclass

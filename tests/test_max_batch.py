@@ -228,3 +228,189 @@ def test_oom_wrapped_by_another_exception_still_counts_as_no_fit():
             raise ValueError("backend compiler failed") from e
 
     assert not oom_safe(compiled_step)(2).fits
+
+
+# ------------------------------------------- memory as measured (issue 11)
+def test_memory_cap_resolves_the_device_index(monkeypatch):
+    """``set_per_process_memory_fraction`` needs an index: ``"cuda"`` is the current device."""
+    from libra_opt.max_batch import memory_cap
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: calls.append(("props", i)) or
+                        type("P", (), {"total_memory": 80 << 30})())
+
+    def fraction(f, device):
+        if not isinstance(device, int):
+            raise ValueError(f"Expected a cuda device with a specified index or an integer, but got {device}")
+        calls.append(("fraction", f, device))
+
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", fraction)
+    with memory_cap(16 << 30, "cuda") as total:
+        assert total == 80 << 30
+    with memory_cap(8 << 30, torch.device("cuda:1")):
+        pass
+    assert calls == [("props", 2), ("fraction", 0.2, 2), ("fraction", 1.0, 2),
+                     ("props", 1), ("fraction", 0.1, 1), ("fraction", 1.0, 1)]
+    with pytest.raises(LibraOptError, match="above the GPU's total memory"):
+        with memory_cap(100 << 30, "cuda"):
+            pass
+
+
+def test_adamw_state_created_up_front_is_the_state_its_first_step_creates():
+    from libra_opt.train_methods import init_optimizer_state
+
+    torch.manual_seed(0)
+    a = torch.nn.Linear(8, 8)
+    b = torch.nn.Linear(8, 8)
+    b.load_state_dict(a.state_dict())
+    oa, ob = torch.optim.AdamW(a.parameters(), lr=1e-2), torch.optim.AdamW(b.parameters(), lr=1e-2)
+    kept = torch.ones_like(a.weight)
+    a.weight.grad = kept                                   # a gradient the user keeps
+    assert init_optimizer_state(oa) == 2 and init_optimizer_state(oa) == 0
+    assert a.weight.grad is kept and a.bias.grad is None
+    assert torch.equal(a.weight, b.weight) and oa.param_groups[0]["lr"] == 1e-2
+    assert set(oa.state[a.weight]) == {"step", "exp_avg", "exp_avg_sq"}
+    a.weight.grad = None
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        for m, o in ((a, oa), (b, ob)):
+            m(x).square().sum().backward()
+            o.step()
+            o.zero_grad()
+    assert torch.equal(a.weight, b.weight) and torch.equal(oa.state[a.weight]["exp_avg_sq"],
+                                                          ob.state[b.weight]["exp_avg_sq"])
+
+
+def test_resident_memory_is_measured_with_the_optimizer_state_and_the_allocator_overhead():
+    from libra_opt.runtime.memory import FakeCachingAllocator
+    from libra_opt.train_methods import measure_resident
+
+    fake = FakeCachingAllocator.scaled(1024)
+    with fake.tracking():
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+        x = torch.randn(32, 64)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        before = fake.allocated()
+        res = measure_resident(model, opt, (x,), fake)
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert res.parameters == params and res.inputs == 32 * 64 * 4 and res.gradients == 0
+    assert res.optimizer_state >= 2 * params                      # exp_avg, exp_avg_sq (+ step counters)
+    assert res.allocated_bytes == fake.allocated() > before       # the state AdamW would create lazily is there
+    assert res.allocated_bytes >= res.parameters + 2 * params + res.inputs   # measured: state included
+    assert res.reserved_bytes == fake.reserved() and res.allocator_overhead == res.reserved_bytes - res.allocated_bytes
+    assert res.allocator_overhead > 0                             # segments hold more than the blocks
+    assert "optimizer state" in str(res)
+
+
+def test_max_batch_plans_each_batch_from_small_profiles(tiny_profiles):
+    """A probe's problem: the step captured at its batch (exact bytes) with op times extrapolated from the
+    profiles at 2 and 4 (the unplanned step never runs there); the memory floor is checked first and names
+    its op."""
+    from libra_opt.capture import build_problem, capture
+    from libra_opt.max_batch import _scaled_builder, memory_floor
+    from libra_opt.zoo import build_model
+
+    p2, p4 = tiny_profiles
+    zm = build_model("gpt2-tiny", 8, 32)
+    step = capture(zm.model, zm.args, zm.kwargs, loss_fn=zm.loss_fn)
+    floors = {}
+    p8 = _scaled_builder(tiny_profiles, (2, 4), 8, 1 << 40, "libra", floors)(step)
+    assert [t.nbytes for t in p8.tensors] == [t.nbytes for t in build_problem(step).tensors]
+    assert [n.time_s for n in p8.nodes] == pytest.approx([n.time_s for n in scale_problem(p2, 2, p4, 4, 8).nodes])
+    f = memory_floor(p8)
+    assert floors[8]["bytes"] == f["bytes"] > 0 and f["node"] in {n.name for n in p8.nodes}
+    with pytest.raises(InfeasibleBudgetError, match=f"memory floor at batch 8: op {f['node']}"):
+        _scaled_builder(tiny_profiles, (2, 4), 8, f["bytes"] - 1, "libra", {})(step)
+
+
+def test_prediction_says_what_limits_the_batch(tiny_profiles):
+    from libra_opt.simulator import no_remat_peak
+
+    p2, p4 = tiny_profiles
+    cap = int((p4.fixed.resident_bytes + 2 * no_remat_peak(p4)) / 0.95)
+    planned = predict_max_batch("gpt2-tiny", cap, "libra", seq=32, problems=tiny_profiles, progress=False)
+    bad = planned.search.first_failure
+    assert bad == planned.batch + 1
+    floor = memory_floor_at(tiny_profiles, bad)
+    if floor["bytes"] > cap - int(0.05 * cap) - scale_problem(p2, 2, p4, 4, bad).fixed.resident_bytes:
+        assert planned.limit.startswith(f"the memory floor at batch {bad}: op {floor['node']}")
+    else:
+        assert planned.limit.startswith(f"batch {bad}: ")
+    assert "limited by: " + planned.limit in planned.summary()
+
+
+def memory_floor_at(profiles, batch):
+    from libra_opt.max_batch import memory_floor
+
+    return memory_floor(scale_problem(profiles[0], 2, profiles[1], 4, batch))
+
+
+def mlp_zoo(batch: int, device="cpu"):
+    """A zoo entry for the end-to-end test: six tanh layers of 256 (fast to capture and compile)."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(256, 256), torch.nn.Tanh()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(256, 1)).to(device), (torch.randn(batch, 256, device=device),)
+
+
+@pytest.mark.slow
+def test_search_under_a_fake_cap_end_to_end(monkeypatch, one_intra_op_thread):
+    """max-batch's whole probe against a capped fake caching allocator on the CPU: profiled at 2 and 4 only,
+    planned from the captured step, calibrated (two measured steps), trained under the cap; nothing of a
+    probe stays allocated; eager's search ends at an out-of-memory error that the result names."""
+    import libra_opt.runtime.memory as mem
+    from libra_opt.max_batch import search_under_cap
+    from libra_opt.runtime.memory import FakeCachingAllocator
+
+    spec = f"{__name__}:mlp_zoo"
+    cap = 3 << 20
+    fake = FakeCachingAllocator.scaled(64, cap=cap)
+    monkeypatch.setattr(mem, "memory_for", lambda device: fake)
+    capped = (lambda module: fake.tracking(module))
+    res = search_under_cap(spec, cap, "libra", memory=fake, capped=capped, device="cpu", progress=False,
+                           guess=8, limit=8, time_repeats=1)
+    assert res.batch == 8 and res.search.limit_reached and res.limit.startswith("the search limit")
+    assert res.calibration and res.calibration[-1].fits
+    assert res.reserved_peak_bytes <= cap and res.samples_per_s > 0
+    assert res.resident.optimizer_state >= 2 * res.resident.parameters        # AdamW state, created up front
+    assert "measured reserved peak" in res.summary() and "profiled at batches 2 and 4 only" in res.summary()
+    assert fake.allocated() == 0                                              # no probe leaks its tensors
+    small = FakeCachingAllocator.scaled(64, cap=2 << 20)          # gradients 1.5 MiB + activations
+    eager = search_under_cap(spec, small.cap, "none", memory=small, capped=lambda module: small.tracking(module),
+                             device="cpu", progress=False, limit=4096, time_repeats=1)
+    bad = eager.search.first_failure
+    assert eager.batch >= 1 and bad == eager.batch + 1 and eager.limit.startswith(f"batch {bad}: out of memory")
+    assert all(t.info["reserved_peak_bytes"] <= small.cap for t in eager.search.trials if t.fits)
+
+
+def test_cli_max_batch_passes_calibration_and_profile_batches_through(monkeypatch, capsys):
+    """On a GPU the CLI calls max_batch with the closed loop on (--no-calibrate turns it off), the
+    reserve left to max_batch's default, and the profiling batches; it prints the summary."""
+    import libra_opt.max_batch as mb
+    from libra_opt.batch_search import SearchResult
+    from libra_opt.cli import main
+
+    calls = []
+
+    def fake_max_batch(model, memory, method, **kw):
+        calls.append(kw)
+        return mb.MaxBatchResult(model, method, 16 << 30, 7, 10.0, 0.7, False,
+                                 SearchResult(7, (Trial(7, True), Trial(8, False, "out of memory"))),
+                                 planned_peak_bytes=15 << 30, reserved_peak_bytes=(15 << 30) + (1 << 29),
+                                 limit="batch 8: out of memory")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "fake GPU")
+    monkeypatch.setattr(mb, "max_batch", fake_max_batch)
+    assert main(["max-batch", "--model", "gpt2-tiny", "--memory", "16GiB", "--profile-batches", "3,6"]) == 0
+    assert main(["max-batch", "--model", "gpt2-tiny", "--memory", "16GiB", "--no-calibrate", "--reserve", "1GiB"]) == 0
+    assert calls[0]["calibrate"] is True and calls[0]["reserve"] is None and calls[0]["profile_batches"] == (3, 6)
+    assert calls[1]["calibrate"] is False and calls[1]["reserve"] == 1 << 30
+    out = capsys.readouterr().out
+    assert "planned peak 15.00 GiB, measured reserved peak 15.50 GiB (cap 16.00 GiB)" in out
+    assert "limited by: batch 8: out of memory" in out

@@ -1,7 +1,9 @@
 """The runtime on a CUDA GPU (skipped without one): the measured peak
 (``torch.cuda.max_memory_allocated``) is within 5% of the simulated peak, a
-plan runs under ``torch.cuda.set_per_process_memory_fraction`` set to its
-budget (where eager PyTorch runs out of memory), swap plans give eager's
+calibrated plan runs under ``torch.cuda.set_per_process_memory_fraction`` set
+to what is reserved before the step plus its budget, with
+``max_memory_reserved`` within the budget, where eager PyTorch runs out of
+memory (the budget is a fraction of eager's measured peak), swap plans give eager's
 gradients, and swap-all's copies overlap compute (seen in the profiler trace:
 copy intervals on the transfer stream intersect kernel intervals)."""
 from __future__ import annotations
@@ -67,24 +69,51 @@ def test_measured_peak_within_5_percent_of_simulated(key, solver):
     assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)
 
 
+#: budgets as fractions of eager's measured allocated peak: eager needs 1.25x-1.4x of them
+EAGER_FRACTION = {"gpt2": 0.7, "resnet": 0.8}
+
+
+def _eager_peak(model, zm) -> int:
+    """Eager's measured peak allocated above what is resident before its step (bytes), second step."""
+    for _ in range(2):
+        for p in model.parameters():
+            p.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        _step(model, zm)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    for p in model.parameters():
+        p.grad = None
+    return peak
+
+
 @pytest.mark.parametrize("key", list(MODELS))
 def test_plan_fits_memory_fraction_where_eager_does_not(key):
+    """The budget contract on the device: under a hard cap of what is reserved before the step plus the
+    budget, the calibrated plan trains and its reserved peak stays within allocated-before + budget,
+    while eager PyTorch, which needs more than the budget, runs out of memory."""
     zm = _model(key)
-    om = _optimized(zm, BUDGET[key], "libra")
     ref = copy.deepcopy(zm.model)
-    _measured_peak(om, zm)
+    budget = int(EAGER_FRACTION[key] * _eager_peak(ref, zm))
+    om = optimize(zm.model, zm.args, budget, solver="libra", example_kwargs=zm.kwargs, loss_fn=zm.loss_fn,
+                  calibrate=True)
+    assert om.budget_bytes == budget and om.calibration and om.calibration[-1].fits
     for p in zm.model.parameters():
         p.grad = None
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
-    total = torch.cuda.get_device_properties(0).total_memory
-    allowed = base + int(om.plan.budget_bytes * 1.05) + (8 << 20)   # budget + 5% + 8 MiB allocator slack
-    torch.cuda.set_per_process_memory_fraction(allowed / total)
+    total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved() + budget) / total)
     try:
+        torch.cuda.reset_peak_memory_stats()
         loss = om(*zm.args, **zm.kwargs)
         loss.backward()
+        om.swap.synchronize()
         torch.cuda.synchronize()
+        assert torch.cuda.max_memory_reserved() - base <= budget, (torch.cuda.max_memory_reserved() - base, budget)
         del loss
         for p in zm.model.parameters():
             p.grad = None

@@ -7,7 +7,10 @@ is an out-of-memory error; the search grows the batch exponentially, then
 bisects, catching each OOM and freeing the memory before the next probe.
 
 --solver picks the method: a solver (``libra``, the default, ``checkmate-lp``,
-...: the model is planned within cap - fixed memory - reserve), ``none``
+...: the unplanned step is profiled at two small batches only; each probed
+batch is planned within cap - resident memory measured on the GPU - reserve,
+calibrated by one measured step (closed loop, --no-calibrate to skip) and
+trained under the cap), ``none``
 (eager PyTorch), or the PyTorch references ``checkpoint`` (per-block
 ``torch.utils.checkpoint``, non-reentrant) and ``save-on-cpu``
 (``torch.autograd.graph.save_on_cpu(pin_memory=True)``).
@@ -15,6 +18,10 @@ bisects, catching each OOM and freeing the memory before the next probe.
 Without a CUDA GPU it refuses, unless --simulate: then it *predicts* the
 largest batch from CPU profiles at two small batches, extrapolated linearly in
 the batch, and the simulator.
+
+The summary gives the planned and the measured reserved peak at the max batch
+and what limits it: the memory floor (the op whose working set does not fit
+at the first batch that failed), the plan / allocator, or --limit.
 """
 from __future__ import annotations
 
@@ -46,9 +53,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="sequence length (language models) / image side (vision)")
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES), help="parameter dtype (default fp32)")
     p.add_argument("--autocast", default=None, choices=["bf16", "fp16"], help="mixed precision (torch.autocast)")
-    p.add_argument("--reserve", default="5%", metavar="R",
+    p.add_argument("--reserve", default=None, metavar="R",
                    help="kept out of the solver's budget for allocator overhead: a %% of the cap or bytes "
-                        "(default 5%%)")
+                        "(default: 0 with calibration, which measures that overhead; else 5%%)")
+    p.add_argument("--executor", default=None, choices=["eager", "inductor"],
+                   help="how a plan runs (default: inductor on CUDA, eager elsewhere)")
+    p.add_argument("--no-calibrate", dest="calibrate", action="store_false",
+                   help="plan without the closed loop (by default each plan runs one measured step and is "
+                        "re-planned while its reserved peak is over the budget)")
     p.add_argument("--start", type=positive_int, default=1, metavar="B", help="first batch probed (default 1)")
     p.add_argument("--limit", type=positive_int, default=None, metavar="B", help="never probe above this batch")
     p.add_argument("--guess", type=positive_int, default=None, metavar="B",
@@ -59,7 +71,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--simulate", action="store_true",
                    help="no GPU: predict from CPU profiles + the simulator (a prediction, not a measurement)")
     p.add_argument("--profile-batches", default="2,4", metavar="B1,B2",
-                   help="with --simulate: the two batches profiled on the CPU (default 2,4)")
+                   help="the two small batches the unplanned step is profiled at (on the GPU; on the CPU with "
+                        "--simulate); other batches extrapolate their op times (default 2,4)")
     return p
 
 
@@ -80,17 +93,20 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.max_batch import NO_CUDA_MESSAGE, max_batch, predict_max_batch
 
     try:
-        reserve = _reserve(args.reserve)
+        reserve = None if args.reserve is None else _reserve(args.reserve)
     except ValueError as e:
         raise LibraOptError(f"--reserve: {e}") from None
     dtype = getattr(torch, _DTYPES[args.dtype])
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
+    try:
+        b1, b2 = (int(x) for x in args.profile_batches.split(","))
+    except ValueError:
+        raise LibraOptError(f"--profile-batches: write two batches like 2,4, got {args.profile_batches!r}"
+                            ) from None
     if args.simulate:
-        try:
-            b1, b2 = (int(x) for x in args.profile_batches.split(","))
-        except ValueError:
-            raise LibraOptError(f"--profile-batches: write two batches like 2,4, got {args.profile_batches!r}"
-                                ) from None
+        from libra_opt.train_methods import DEFAULT_RESERVE
+
+        reserve = DEFAULT_RESERVE if reserve is None else reserve
         print(f"predicting the largest batch of {args.model} with {args.solver} under {args.memory} "
               f"(profiling on the CPU at batches {b1} and {b2})...", flush=True)
         result = predict_max_batch(args.model, args.memory, args.solver, seq=args.seq, profile_batches=(b1, b2),
@@ -104,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
               f"{torch.cuda.get_device_name(torch.device(args.device))}...", flush=True)
         result = max_batch(args.model, args.memory, args.solver, seq=args.seq, device=args.device, dtype=dtype,
                            autocast_dtype=autocast, reserve=reserve, start=args.start, limit=args.limit,
-                           steps=args.steps, guess=args.guess)
+                           steps=args.steps, guess=args.guess, calibrate=args.calibrate,
+                           executor=args.executor, profile_batches=(b1, b2))
     print(result.summary())
     return 0 if result.batch > 0 else 1

@@ -45,6 +45,7 @@ import torch
 import torch.fx as fx
 
 from libra_opt.capture import mutated_primals, tensor_values
+from libra_opt.capture_passes import RNG_STATE_META, replay_random
 from libra_opt.errors import RuntimeExecutionError
 from libra_opt.problem import BACKWARD, FORWARD, RematProblem
 from libra_opt.schedule import Op, Schedule
@@ -229,8 +230,13 @@ class _Emitter:
         jn = self.b.fx[node.name]
         args = fx.map_arg(jn.args, lambda a: self.value(a, node.name))
         kwargs = fx.map_arg(jn.kwargs, lambda a: self.value(a, node.name))
+        target = jn.target
+        if nid in self.computed and RNG_STATE_META in jn.meta:
+            # recompute of a random op: replay the generator state saved before its first run
+            state = self.value(self.b.fx[jn.meta[RNG_STATE_META]], node.name)
+            target, args = replay_random, (state, jn.target, *args)
         self.flush()
-        new = self.g.create_node("call_function", jn.target, args, kwargs, name=jn.name)
+        new = self.g.create_node("call_function", target, args, kwargs, name=jn.name)
         new.meta = dict(jn.meta)
         self.last_read = set(new.all_input_nodes)
         self.last_made = {new}

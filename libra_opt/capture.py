@@ -623,7 +623,8 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
         provenance = Provenance(source="capture", model=step.model_name, batch=batch, seq=seq,
                                 dtype=str(dtype).replace("torch.", "") if dtype else "",
                                 torch_version=torch.__version__,
-                                date=datetime.date.today().isoformat())
+                                date=datetime.date.today().isoformat(),
+                                extra={"capture_passes": dict(step.passes)})
     return RematProblem(node_objs, tensors, outputs, fixed=fixed, device=device, provenance=provenance,
                         name=step.model_name)
 

@@ -287,6 +287,35 @@ def _outputs(joint: fx.GraphModule) -> set[fx.Node]:
     return {a for a in out.args[0] if isinstance(a, fx.Node)}
 
 
+def _vals(v):
+    return [x for x in (v if isinstance(v, (tuple, list)) else (v,)) if isinstance(x, torch.Tensor)]
+
+
+def _replace_value(old: fx.Node, new: fx.Node) -> None:
+    """Make ``old``'s readers read ``new`` (same shape, strides and dtype) and
+    give the views made from it (fake values sharing ``old``'s storage) fake
+    values on ``new``'s storage, so the problem IR's storages stay right."""
+    key = _storage_key(old.meta.get("val"))
+    users = list(old.users)
+    old.replace_all_uses_with(new)
+    mode = getattr(new.meta.get("val"), "fake_mode", None)
+    if key is None or mode is None:
+        return
+    stack, seen = users, set()
+    while stack:
+        u = stack.pop()
+        if u in seen or u.op != "call_function" or not any(_storage_key(x) == key for x in _vals(u.meta.get("val"))):
+            continue
+        seen.add(u)
+        if u.target is operator.getitem:
+            u.meta["val"] = u.args[0].meta["val"][u.args[1]]
+        else:
+            args, kwargs = fx.map_arg((u.args, u.kwargs), lambda a: a.meta.get("val"))
+            with mode:
+                u.meta["val"] = u.target(*args, **kwargs)
+        stack.extend(u.users)
+
+
 def dedupe_casts(joint: fx.GraphModule, phase: dict[str, str]) -> int:
     """Make each dtype cast of a value once per phase.
 
@@ -322,7 +351,7 @@ def dedupe_casts(joint: fx.GraphModule, phase: dict[str, str]) -> int:
             continue
         keep = first.setdefault(key, n)
         if keep is not n:
-            n.replace_all_uses_with(keep)
+            _replace_value(n, keep)
             joint.graph.erase_node(n)
             removed += 1
     return removed
@@ -365,7 +394,7 @@ def remove_identity_clones(joint: fx.GraphModule) -> int:
         if (a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype
                 or _storage_key(a) in inputs):
             continue
-        n.replace_all_uses_with(src)
+        _replace_value(n, src)
         joint.graph.erase_node(n)
         removed += 1
     return removed

@@ -27,7 +27,11 @@ recomputed node that is still resident keeps its value (the recomputed one
 is dropped at once), exactly as the simulator counts it; this is also why a
 recomputed functional BatchNorm never updates the running statistics twice:
 the new statistics are forward outputs, copied into the buffers once by
-AOTAutograd's epilogue.
+AOTAutograd's epilogue.  A recompute of a random op (dropout, ``rand_like``)
+runs as :func:`libra_opt.capture_passes.replay_random` with the generator
+state saved just before its first run (a node of the joint graph, see
+:func:`~libra_opt.capture_passes.make_random_ops_replayable`): the same random
+numbers, and the generator left where the step had it.
 
 Sources: ``torch._functorch.partitioners`` (``default_partition``,
 ``_extract_fwd_bwd_modules``) for the forward/backward calling convention;

@@ -101,6 +101,12 @@ def _is_randomish(n: fx.Node) -> bool:
     return any(w in name for w in ("rand", "dropout", "bernoulli", "normal", "multinomial", "uniform"))
 
 
+def _mutates(n: fx.Node) -> bool:
+    """Whether a TorchDynamo-graph node may write one of its inputs (an in-place method or function)."""
+    name = n.target if isinstance(n.target, str) else getattr(n.target, "__name__", "")
+    return n.target is operator.setitem or (name.endswith("_") and not name.endswith("__"))
+
+
 def _example(n: fx.Node):
     return n.meta.get("example_value", n.meta.get("val"))
 
@@ -110,6 +116,9 @@ def _constant_value(gm: fx.GraphModule, mask: fx.Node):
     nodes = _ancestors(mask)
     if any(a.op == "placeholder" or _is_randomish(a) for a in nodes):
         return None
+    inside = set(nodes)
+    if any(u not in inside and _mutates(u) for a in nodes for u in a.users):
+        return None                        # an in-place op outside the mask's chain changes one of its values
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for a in nodes:
@@ -254,11 +263,11 @@ def fold_repeated_kv_into_gqa(gm: fx.GraphModule) -> int:
         old = n.args[1:3]
         n.args = (n.args[0], k, v, *n.args[3:])
         n.kwargs = {**n.kwargs, "enable_gqa": True}
-        for a in old:
-            for x in reversed(_ancestors(a)):
-                if x.op == "call_method" or x.target is operator.getitem:
-                    if not x.users:
-                        gm.graph.erase_node(x)
+        for a in old:                       # the repeat_kv chain: reshape <- expand <- getitem
+            chain = [a, a.args[0], a.args[0].args[0]]
+            for x in chain:
+                if not x.users:
+                    gm.graph.erase_node(x)
         changed += 1
     if changed:
         gm.recompile()

@@ -358,8 +358,9 @@ def test_cuda_plan_runs_eager_kernels_and_reports_device_time(arch, autocast):
         c, t = collections.Counter(), collections.Counter()
         for ev in prof.key_averages():
             key = ev.key
+            # attention: the kernels (``aten::_scaled_dot_product_*``), not eager's composite wrapper
             group = (key if key in MATMUL | BATCH_NORM | SOFTMAX | {CAST, CLONE}
-                     or "scaled_dot_product" in key else None)
+                     or key.startswith("aten::_scaled_dot_product") else None)
             if group is None:
                 continue
             c[group] += ev.count

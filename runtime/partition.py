@@ -221,19 +221,25 @@ class _Emitter:
         tid = self.b.tid_of(a)
         if tid is None:
             raise RuntimeExecutionError(f"node {user!r} reads {a.name!r}, which is not a tensor of the problem")
-        try:
-            return self.env[tid]
-        except KeyError:
-            where = "the forward part" if self.phase == FORWARD else "the backward part"
-            raise RuntimeExecutionError(
-                f"plan error in {where}: node {user!r} reads tensor {self.p.tensors[tid].name!r}, which is not "
-                f"resident there (check the plan with libra_opt.simulate)") from None
+        if tid not in self.env:
+            self.not_resident(tid, user)
+        return self.env[tid]
+
+    def not_resident(self, tid: int, user: str):
+        """Raise: node ``user`` reads tensor ``tid``, which the plan does not keep resident here."""
+        where = "the forward part" if self.phase == FORWARD else "the backward part"
+        raise RuntimeExecutionError(
+            f"plan error in {where}: node {user!r} reads tensor {self.p.tensors[tid].name!r}, which is not "
+            f"resident there (check the plan with libra_opt.simulate)")
 
     def compute(self, nid: int, index: int) -> None:
         node = self.p.nodes[nid]
         jn = self.b.fx[node.name]
         args = fx.map_arg(jn.args, lambda a: self.value(a, node.name))
         kwargs = fx.map_arg(jn.kwargs, lambda a: self.value(a, node.name))
+        for t in node.inputs:          # inputs the graph node does not read (a saved RNG state) must be resident too
+            if t not in self.env and self.b.tid_producer[t].op != "get_attr":
+                self.not_resident(t, node.name)
         target = jn.target
         if nid in self.computed and RNG_STATE_META in jn.meta:
             # recompute of a random op: replay the generator state saved before its first run

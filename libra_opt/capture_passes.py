@@ -599,6 +599,8 @@ def replay_random(state: torch.Tensor, op, *args, **kwargs):
     dev = _tensor_device(args, kwargs)
     if dev is None:
         raise RuntimeError(f"replay_random({op}): no tensor argument gives the device whose generator to set")
+    if state.device.type != "cpu":
+        state = state.cpu()          # a plan that swapped the state brought it back on the device
     if dev.type == "cuda":
         current = torch.cuda.get_rng_state(dev)
         torch.cuda.set_rng_state(state, dev)

@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
+from .capture_passes import RNG_STATE_META, apply_graph_passes, apply_joint_passes, draws_random
 from .costs import is_fusible_op
 from .errors import CaptureError
 from .problem import (BACKWARD, FORWARD, INPUT, DeviceProfile, FixedMemory, Node, Provenance, RematProblem,
@@ -78,6 +79,9 @@ class CapturedStep:
     model_name : str
     example_shapes : list of tuple
         Shapes of the ``"input"`` primals (the runtime checks calls against them).
+    passes : dict of str to int
+        Rewrites made by the capture-fidelity passes, per pass
+        (:mod:`libra_opt.capture_passes`).
     """
 
     joint: fx.GraphModule
@@ -88,6 +92,7 @@ class CapturedStep:
     autocast_dtype: torch.dtype | None
     model_name: str
     example_shapes: list = field(default_factory=list)
+    passes: dict = field(default_factory=dict)
 
     @property
     def device(self) -> torch.device:
@@ -138,20 +143,39 @@ def _describe_break(e: BaseException) -> str:
 _step_counter = itertools.count()
 
 
-def step_function(model: nn.Module, loss_fn: Callable | None = None) -> Callable:
+def step_function(model: nn.Module, loss_fn: Callable | None = None, *, autocast_dtype: torch.dtype | None = None,
+                  device: torch.device | None = None) -> Callable:
     """``model(*args, **kwargs)`` (then ``loss_fn`` of it) as a function with a
-    code object of its own.
+    code object of its own, run under ``torch.autocast(device.type,
+    autocast_dtype)`` when ``autocast_dtype`` is given.
 
     TorchDynamo caches compiled frames per code object, and every cache entry
     counts against ``torch._dynamo.config.recompile_limit``.  Compiling a fresh
     code object per capture / per optimized module keeps them from evicting
     each other or the user's own compiled code, and yields the same graph
     (same node names) every time for the same model, inputs and loss.
+
+    The autocast region is inside the traced function, so it covers the
+    forward and the loss only, as in eager mixed-precision training
+    (``with autocast: loss = ...`` then ``loss.backward()`` outside): under an
+    ambient autocast AOTAutograd would trace the backward under autocast too,
+    running backward matmuls of fp32 regions in the low dtype and recasting
+    gradients (source: the ``torch.autocast`` docs, "backward passes under
+    autocast are not recommended"; TorchDynamo traces the context manager into
+    the graph).
     """
 
-    def libra_step(*args, **kwargs):
-        out = model(*args, **kwargs)
-        return out if loss_fn is None else loss_fn(out)
+    if autocast_dtype is None:
+        def libra_step(*args, **kwargs):
+            out = model(*args, **kwargs)
+            return out if loss_fn is None else loss_fn(out)
+    else:
+        device_type = torch.device(device if device is not None else "cpu").type
+
+        def libra_step(*args, **kwargs):
+            with torch.autocast(device_type=device_type, dtype=autocast_dtype):
+                out = model(*args, **kwargs)
+                return out if loss_fn is None else loss_fn(out)
 
     code = libra_step.__code__.replace(co_name=f"libra_step_{next(_step_counter)}")
     fn = types.FunctionType(code, libra_step.__globals__, code.co_name, libra_step.__defaults__,
@@ -172,7 +196,9 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     args, kwargs :
         Example inputs; their shapes are the ones the step is made for.
     autocast_dtype : torch.dtype, optional
-        Trace under ``torch.autocast(device.type, autocast_dtype)``.
+        Trace the forward and the loss under ``torch.autocast(device.type,
+        autocast_dtype)``; the backward runs outside it, as in eager
+        mixed-precision training (see :func:`step_function`).
     loss_fn : callable, optional
         ``loss_fn(output) -> scalar tensor``; if given the captured function
         is model plus loss (one scalar output).
@@ -198,24 +224,26 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     kwargs = dict(kwargs or {})
-    fn = step_function(model, loss_fn)
+    device = _model_device(model, args, kwargs)
+    fn = step_function(model, loss_fn, autocast_dtype=autocast_dtype, device=device)
     box: dict[str, Any] = {}
 
     def partition(joint, joint_inputs, *, num_fwd_outputs, **kw):
+        box["passes"].update(apply_joint_passes(joint, num_fwd_outputs))
         box["joint"] = joint
         box["num_fwd_outputs"] = num_fwd_outputs
         raise _Captured()
 
     def backend(gm, example_inputs):
         box["primals"] = list(example_inputs)
+        box["passes"] = apply_graph_passes(gm)
         return aot_autograd(fw_compiler=_never_compile, bw_compiler=_never_compile,
                             partition_fn=partition)(gm, example_inputs)
 
-    device = _model_device(model, args, kwargs)
     name = type(model).__name__
     compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
     try:
-        with torch.enable_grad(), autocast_context(device, autocast_dtype):
+        with torch.enable_grad():
             compiled(*args, **kwargs)
     except _Captured:
         pass
@@ -274,7 +302,7 @@ def _check_data_independent(joint: fx.GraphModule, name: str) -> None:
 def _finish_capture(model: nn.Module, box: dict, autocast_dtype, name: str) -> CapturedStep:
     joint: fx.GraphModule = box["joint"]
     step = CapturedStep(joint=joint, num_fwd_outputs=box["num_fwd_outputs"], primals=[], primal_kinds=[],
-                        tangents=[], autocast_dtype=autocast_dtype, model_name=name)
+                        tangents=[], autocast_dtype=autocast_dtype, model_name=name, passes=dict(box["passes"]))
     prim_ph, tang_ph = step.placeholders()
     primals = box["primals"]
     if len(primals) != len(prim_ph):
@@ -472,13 +500,8 @@ def _is_mutating(target) -> bool:
     return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
-def _is_seeded(target) -> bool:
-    tags = getattr(target, "tags", ())
-    return torch.Tag.nondeterministic_seeded in tags
-
-
 def _recomputable(n: fx.Node, mutated: set[str]) -> bool:
-    if _is_seeded(n.target) or _is_mutating(n.target):
+    if (draws_random(n) and RNG_STATE_META not in n.meta) or _is_mutating(n.target):
         return False
     if mutated and any(a.name in mutated for a in n.all_input_nodes):
         # a recompute in the backward would read the buffer after the forward's update
@@ -530,7 +553,10 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
         from the fake tensors (views own 0 bytes).  A view of a graph input
         (``t(primals_3)``) is an activation with a 0-byte storage of its own.
         Not recomputable: ops tagged ``nondeterministic_seeded`` (dropout,
-        rand), mutating ops, and ops reading a mutated input (a buffer updated
+        rand) unless their generator state is saved (then the saved state,
+        a tensor of its own, is one of their inputs; see
+        :func:`libra_opt.capture_passes.make_random_ops_replayable`), the
+        state-saving nodes themselves, mutating ops, and ops reading a mutated input (a buffer updated
         after the forward) except training-mode batch norm, whose recompute
         does not depend on the running statistics.
         Outputs: every tensor the joint graph returns.
@@ -580,6 +606,7 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
         return tensor_id.get((a.name, None))
 
     mutated = set(mutated_primals(joint, step.num_fwd_outputs))
+    by_name = {n.name: n for n in joint.graph.nodes}
     nodes: list[dict] = []
     for n in joint.graph.nodes:
         if n.op != "call_function" or n.target is operator.getitem:
@@ -595,6 +622,9 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
                                        f"only getitem reads are supported")
                 continue
             ins.append(t)
+        if RNG_STATE_META in n.meta:
+            # a replayable random op reads the generator state saved just before it (capture_passes)
+            ins.append(tid_of(by_name[n.meta[RNG_STATE_META]]))
         outs = outs_of.get(n.name, [])
         for t in outs:
             specs[t]["producer"] = nid
@@ -603,6 +633,7 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
                           time_s=float(times.get(n.name, 0.0)), workspace_bytes=int(workspace.get(n.name, 0)),
                           recomputable=_recomputable(n, mutated), pointwise=is_fusible_op(n.target),
                           inputs=tuple(dict.fromkeys(ins)), outputs=tuple(sorted(outs)), module=_module_path(n)))
+    _keep_rng_states(joint, nodes, by_name, tid_of)
     # views must come after their base's producer; a base whose producer is later than a view's
     # (cannot happen in a topological graph) would be caught by RematProblem.validate.
     out_node = next(iter(joint.graph.find_nodes(op="output")))
@@ -631,9 +662,46 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
         provenance = Provenance(source="capture", model=step.model_name, batch=batch, seq=seq,
                                 dtype=str(dtype).replace("torch.", "") if dtype else "",
                                 torch_version=torch.__version__,
-                                date=datetime.date.today().isoformat())
+                                date=datetime.date.today().isoformat(),
+                                extra={"capture_passes": dict(step.passes)})
     return RematProblem(node_objs, tensors, outputs, fixed=fixed, device=device, provenance=provenance,
                         name=step.model_name)
+
+
+def _keep_rng_states(joint: fx.GraphModule, nodes: list[dict], by_name: dict, tid_of) -> None:
+    """Keep each saved generator state resident while its random op may be recomputed.
+
+    A random op is recomputed in the backward only for a value derived from
+    it that the backward reads; its saved state (tensor ``s``) must then still
+    be resident.  ``s`` is made an input of the last backward node reading a
+    forward value that depends on the random op, so the no-remat plan (and
+    every plan that does not evict ``s``) keeps it, a few bytes, until then.
+    In the graphs that node does not read ``s``; the runtime frees ``s`` there.
+    """
+    index = {nd["name"]: k for k, nd in enumerate(nodes)}
+
+    def readers(a: fx.Node):
+        for u in a.users:
+            if u.op == "call_function" and u.target is operator.getitem:
+                yield from readers(u)
+            elif u.name in index:
+                yield index[u.name]
+
+    for n in joint.graph.nodes:
+        sname = n.meta.get(RNG_STATE_META) if n.op == "call_function" else None
+        if sname is None:
+            continue
+        fwd, stack, last = {index[n.name]}, [n], None
+        while stack:
+            for k in readers(stack.pop()):
+                if nodes[k]["phase"] == BACKWARD:
+                    last = k if last is None else max(last, k)
+                elif k not in fwd:
+                    fwd.add(k)
+                    stack.append(by_name[nodes[k]["name"]])
+        if last is not None:
+            nd = nodes[last]
+            nd["inputs"] = tuple(dict.fromkeys((*nd["inputs"], tid_of(by_name[sname]))))
 
 
 def _fixed_memory(step: CapturedStep, optimizer: str) -> FixedMemory:

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from libra_opt.capture import autocast_context, check_example_shapes, example_input_shapes, step_function
+from libra_opt.capture_passes import apply_graph_passes, apply_joint_passes
 from libra_opt.errors import InputMismatchError, LibraOptError, RuntimeExecutionError
 from libra_opt.problem import RematProblem
 
@@ -65,7 +66,8 @@ class OptimizedModule(nn.Module):
         Shapes of the example tensor inputs (see
         :func:`libra_opt.capture.example_input_shapes`).
     autocast_dtype : torch.dtype, optional
-        Each call runs under ``torch.autocast`` with this dtype, as captured.
+        Each call runs the forward and the loss under ``torch.autocast`` with
+        this dtype (the backward outside it), as captured.
     loss_fn : callable, optional
         If the plan was made for ``loss_fn(model(...))``, calls return the loss.
     device : torch.device, optional
@@ -133,8 +135,8 @@ class OptimizedModule(nn.Module):
         """The training step (model, then ``loss_fn``) under ``torch.compile``
         with this module's backend; a fresh code object per module (see
         :func:`libra_opt.capture.step_function`)."""
-        return torch.compile(step_function(self.model, self.loss_fn), backend=self._backend, fullgraph=True,
-                             dynamic=False)
+        fn = step_function(self.model, self.loss_fn, autocast_dtype=self.autocast_dtype, device=self.device)
+        return torch.compile(fn, backend=self._backend, fullgraph=True, dynamic=False)
 
     def _build_runtime(self) -> None:
         """Create what executes the plan for **this** module's model: the swap
@@ -224,10 +226,12 @@ class OptimizedModule(nn.Module):
         from torch._dynamo.backends.common import aot_autograd
 
         check_example_shapes(example_input_shapes(self.model, example_inputs), self.example_shapes)
+        apply_graph_passes(gm)          # the capture's passes, so the graphs match the plan's
         return aot_autograd(fw_compiler=self._fw_compiler, bw_compiler=self._bw_compiler,
                             partition_fn=self._partition, inference_compiler=_eager_boxed)(gm, example_inputs)
 
     def _partition(self, joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+        apply_joint_passes(joint, num_fwd_outputs)
         lowered = lower_plan(joint, num_fwd_outputs, self.problem, self.plan.schedule, self.swap)
         self.lowered = lowered
         if self.inductor is not None:
@@ -296,8 +300,7 @@ class OptimizedModule(nn.Module):
             return self._run_without_plan(args, kwargs)
         self._ran = False
         try:
-            with autocast_context(self.device, self.autocast_dtype):
-                out = self._compiled(*args, **kwargs)
+            out = self._compiled(*args, **kwargs)     # autocast (if any) is inside: forward and loss only
         except torch._dynamo.exc.BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None) or e.__cause__
             if isinstance(inner, LibraOptError):

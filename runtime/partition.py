@@ -27,7 +27,11 @@ recomputed node that is still resident keeps its value (the recomputed one
 is dropped at once), exactly as the simulator counts it; this is also why a
 recomputed functional BatchNorm never updates the running statistics twice:
 the new statistics are forward outputs, copied into the buffers once by
-AOTAutograd's epilogue.
+AOTAutograd's epilogue.  A recompute of a random op (dropout, ``rand_like``)
+runs as :func:`libra_opt.capture_passes.replay_random` with the generator
+state saved just before its first run (a node of the joint graph, see
+:func:`~libra_opt.capture_passes.make_random_ops_replayable`): the same random
+numbers, and the generator left where the step had it.
 
 Sources: ``torch._functorch.partitioners`` (``default_partition``,
 ``_extract_fwd_bwd_modules``) for the forward/backward calling convention;
@@ -45,6 +49,7 @@ import torch
 import torch.fx as fx
 
 from libra_opt.capture import mutated_primals, tensor_values
+from libra_opt.capture_passes import RNG_STATE_META, replay_random
 from libra_opt.errors import RuntimeExecutionError
 from libra_opt.problem import BACKWARD, FORWARD, RematProblem
 from libra_opt.schedule import Op, Schedule
@@ -216,21 +221,32 @@ class _Emitter:
         tid = self.b.tid_of(a)
         if tid is None:
             raise RuntimeExecutionError(f"node {user!r} reads {a.name!r}, which is not a tensor of the problem")
-        try:
-            return self.env[tid]
-        except KeyError:
-            where = "the forward part" if self.phase == FORWARD else "the backward part"
-            raise RuntimeExecutionError(
-                f"plan error in {where}: node {user!r} reads tensor {self.p.tensors[tid].name!r}, which is not "
-                f"resident there (check the plan with libra_opt.simulate)") from None
+        if tid not in self.env:
+            self.not_resident(tid, user)
+        return self.env[tid]
+
+    def not_resident(self, tid: int, user: str):
+        """Raise: node ``user`` reads tensor ``tid``, which the plan does not keep resident here."""
+        where = "the forward part" if self.phase == FORWARD else "the backward part"
+        raise RuntimeExecutionError(
+            f"plan error in {where}: node {user!r} reads tensor {self.p.tensors[tid].name!r}, which is not "
+            f"resident there (check the plan with libra_opt.simulate)")
 
     def compute(self, nid: int, index: int) -> None:
         node = self.p.nodes[nid]
         jn = self.b.fx[node.name]
         args = fx.map_arg(jn.args, lambda a: self.value(a, node.name))
         kwargs = fx.map_arg(jn.kwargs, lambda a: self.value(a, node.name))
+        for t in node.inputs:          # inputs the graph node does not read (a saved RNG state) must be resident too
+            if t not in self.env and self.b.tid_producer[t].op != "get_attr":
+                self.not_resident(t, node.name)
+        target = jn.target
+        if nid in self.computed and RNG_STATE_META in jn.meta:
+            # recompute of a random op: replay the generator state saved before its first run
+            state = self.value(self.b.fx[jn.meta[RNG_STATE_META]], node.name)
+            target, args = replay_random, (state, jn.target, *args)
         self.flush()
-        new = self.g.create_node("call_function", jn.target, args, kwargs, name=jn.name)
+        new = self.g.create_node("call_function", target, args, kwargs, name=jn.name)
         new.meta = dict(jn.meta)
         self.last_read = set(new.all_input_nodes)
         self.last_made = {new}

@@ -80,7 +80,7 @@ def test_no_remat_peak_matches_allocation_tracker(arch):
     assert abs(measured - sim) <= 0.05 * sim, (measured, sim)
 
 
-def test_views_share_storage_and_random_ops_are_not_recomputable():
+def test_views_share_storage_and_random_ops_replay_their_rng_state():
     _, step = captured("gpt2")
     p = build_problem(step)
     by_target = {}
@@ -94,9 +94,16 @@ def test_views_share_storage_and_random_ops_are_not_recomputable():
     # _unsafe_view aliases its input (found by storage identity, not by schema)
     uv = [p.tensors[n.outputs[0]] for n in by_target.get("aten._unsafe_view.default", [])]
     assert uv and all(t.is_view and t.nbytes == 0 for t in uv)
-    # dropout is seeded-random: never recomputed
+    # dropout is seeded-random: recomputable by replaying the generator state saved just before it (a
+    # tensor of its own, read by the dropout); the state-saving node itself is never recomputed
     drop = by_target["aten.native_dropout.default"]
-    assert drop and not any(n.recomputable for n in drop)
+    assert drop and all(n.recomputable for n in drop)
+    states = by_target["libra.rng_state.default"]
+    assert len(states) == len(drop) and not any(n.recomputable for n in states)
+    for d in drop:
+        saved = [p.tensors[t] for t in d.inputs if p.tensors[t].producer is not None
+                 and p.nodes[p.tensors[t].producer].target == "libra.rng_state.default"]
+        assert len(saved) == 1 and saved[0].nbytes == torch.get_rng_state().numel() and saved[0].dtype == "uint8"
     assert all(n.recomputable for n in by_target["aten.mm.default"])
 
 

@@ -236,3 +236,22 @@ def test_checkmate_lp_fallback_on_a_coarsened_graph_says_the_bound_is_for_the_co
     assert r.extras["coarsened"] and r.extras["heuristic"] and r.lower_bound_s is None
     assert "coarsened graph only" in r.message and r.extras["coarse_lp_value_s"] > 0
     assert "bounds the coarsened graph only" in bound_text(r)
+
+
+@pytest.mark.parametrize("reserve, word", [("nan%", "percentage"), ("inf%", "percentage"), ("-5%", "percentage"),
+                                           ("100%", "percentage"), ("12XB", "unknown unit"), ("abc", "")])
+def test_max_batch_reserve_is_checked_as_a_usage_error(capsys, reserve, word):
+    usage_error(capsys, ["max-batch", "--model", "gpt2-tiny", "--memory", "16GiB", f"--reserve={reserve}"],
+                "--reserve", word)
+
+
+def test_ctrl_c_in_a_command_is_one_line_and_status_130(capsys, chain_file, monkeypatch):
+    import libra_opt.cli.solve as solve_cmd
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(solve_cmd, "run", interrupted)
+    assert main(["solve", chain_file, "--budget", "50%"]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted" in err[0] and "KeyboardInterrupt" in err[0]

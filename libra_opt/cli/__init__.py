@@ -84,6 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     except LibraOptError as e:
         print(f"libra-opt {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # every file is written whole or not at all (libra_opt.atomic), so nothing partial is left
+        print(f"libra-opt {args.command}: interrupted (KeyboardInterrupt); no output was written after it",
+              file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -53,7 +53,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="sequence length (language models) / image side (vision)")
     p.add_argument("--dtype", default="fp32", choices=sorted(_DTYPES), help="parameter dtype (default fp32)")
     p.add_argument("--autocast", default=None, choices=["bf16", "fp16"], help="mixed precision (torch.autocast)")
-    p.add_argument("--reserve", default=None, metavar="R",
+    p.add_argument("--reserve", default=None, metavar="R", type=_reserve,
                    help="kept out of the solver's budget for allocator overhead: a %% of the cap or bytes "
                         "(default: 0 with calibration, which measures that overhead; else 5%%)")
     p.add_argument("--executor", default=None, choices=["eager", "inductor"],
@@ -77,12 +77,22 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _reserve(text: str):
+    """``--reserve``: a percentage of the cap in [0, 100) (a float fraction)
+    or bytes with a unit (an int); anything else is a usage error (exit 2)."""
+    import math
+
     from libra_opt.units import parse_bytes
 
     t = text.strip()
-    if t.endswith("%"):
-        return float(t[:-1]) / 100.0
-    return parse_bytes(t)
+    try:
+        if t.endswith("%"):
+            pct = float(t[:-1])
+            if not (math.isfinite(pct) and 0 <= pct < 100):
+                raise ValueError(f"a percentage of the cap must be in [0, 100), got {text!r}")
+            return pct / 100.0
+        return parse_bytes(t)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,10 +102,7 @@ def run(args: argparse.Namespace) -> int:
     from libra_opt.errors import LibraOptError
     from libra_opt.max_batch import NO_CUDA_MESSAGE, max_batch, predict_max_batch
 
-    try:
-        reserve = None if args.reserve is None else _reserve(args.reserve)
-    except ValueError as e:
-        raise LibraOptError(f"--reserve: {e}") from None
+    reserve = args.reserve
     dtype = getattr(torch, _DTYPES[args.dtype])
     autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(args.autocast)
     try:

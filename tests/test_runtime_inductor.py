@@ -245,17 +245,22 @@ def _seeded(step):
     return run
 
 
+_RANDOM: dict = {}
+
+
 def _random_case(kind, device="cpu"):
     """(model, x, eager grads with seed SEED, tolerance) on ``device``: the
     tolerance from torch.compile with ``fallback_random=True`` (its random ops
-    are aten's, as eager draws them, so only its numerics differ)."""
+    are aten's, as eager draws them, so only its numerics differ); measured
+    once per case, a fresh model (same weights) per call."""
     from torch._inductor import config
 
     torch.manual_seed(0)
     model, x = _Random(kind).to(device), torch.randn(8, 16, device=device)
-    with config.patch(fallback_random=True):
-        eager, tol, _ = _tolerance(model, _seeded(lambda m: _mlp_loss(m(x))))
-    return model, x, eager, tol
+    if (kind, device) not in _RANDOM:
+        with config.patch(fallback_random=True):
+            _RANDOM[kind, device] = _tolerance(model, _seeded(lambda m: _mlp_loss(m(x))))[:2]
+    return (model, x, *_RANDOM[kind, device])
 
 
 def _check_replayed_step(om, x, eager, tol, rand_names):
@@ -328,3 +333,40 @@ def test_swapped_rng_state_replays_under_inductor(device):
     _check_replayed_step(om, x, eager, tol, [rand.name])
     assert "libra.offload" in om.inductor.compiled["forward"].code
     assert "libra.reload" in om.inductor.compiled["backward"].code
+
+
+def test_with_rng_replay_fuses_save_and_draw_and_replays():
+    """The rewrite alone, run eagerly: the forward pair becomes one
+    ``run_and_save_rng_state`` returning the state before the draw, a
+    ``replay_random`` becomes ``run_with_rng_state`` (same numbers, generator
+    restored); a state read before its random op is refused."""
+    import torch.fx as fx
+
+    from libra_opt.capture_passes import RNG_STATE, RNG_STATE_META, replay_random
+    from libra_opt.runtime.inductor import with_rng_replay
+
+    def graph(read_early):
+        g = fx.Graph()
+        a = g.placeholder("a")
+        s = g.call_function(RNG_STATE, (torch.device("cpu"),))
+        early = g.call_function(torch.ops.aten.clone.default, (s,)) if read_early else None
+        r = g.call_function(torch.ops.aten.rand_like.default, (a,))
+        r.meta[RNG_STATE_META] = s.name
+        again = g.call_function(replay_random, (s, torch.ops.aten.rand_like.default, a))
+        g.output((r, s, again) if early is None else (r, early))
+        return fx.GraphModule({}, g)
+
+    gm = graph(False)
+    assert with_rng_replay(gm) == 2
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert RNG_STATE not in targets and replay_random not in targets
+    a = torch.zeros(4, 3)
+    torch.manual_seed(SEED)
+    before = torch.get_rng_state()
+    r, s, again = gm(a)
+    after = torch.rand(5)
+    torch.manual_seed(SEED)
+    assert torch.equal(r, torch.rand_like(a)) and torch.equal(after, torch.rand(5))
+    assert torch.equal(s, before) and torch.equal(again, r)
+    with pytest.raises(ExecutorError, match="before its random op"):
+        with_rng_replay(graph(True))

@@ -66,10 +66,34 @@ With swaps, Inductor's buffer reuse and in-place kernels are switched off
 copied out is never overwritten; freed buffers then return to the caching
 allocator as in the eager executor.
 
-**Random ops.**  Inductor draws random numbers (dropout masks) from seeds
-of its own, as ``torch.compile`` does: masks differ from eager PyTorch's, and a
-random op recomputed in the backward graph would draw a different mask than
-its forward, so such plans are refused (:class:`~libra_opt.errors.RuntimeExecutionError`).
+**Random ops.**  By default Inductor draws random numbers (dropout masks)
+from seeds of its own per compiled graph, as ``torch.compile`` does, so a
+random op recomputed in the backward graph would draw a mask other than its
+forward's.  A plan that recomputes a random op (a
+:func:`~libra_opt.capture_passes.replay_random` node in its graphs) is
+therefore compiled with ``fallback_random=True`` (``torch._inductor.config.patch``,
+for these two graphs only) and with PyTorch's RNG-state operators
+(:func:`with_rng_replay`): the forward's ``libra.rng_state`` and random op
+become one ``run_and_save_rng_state(op, ...)`` (the state read and the draw
+in one fallback kernel, so no reordering by Inductor's scheduler, on torch
+2.11 or 2.13, can put another draw between them), and each recompute a
+``run_with_rng_state(state, op, ...)`` (generator set to the saved state,
+``op`` run, generator restored).  Both are Inductor fallback kernels that run
+aten's own random kernels, drawing from the default generator as eager
+PyTorch does: the recomputed mask is the forward's, and the RNG stream
+after the step is eager's.  The forward's masks are eager's too while
+Inductor keeps the random ops in the graph's order, as its scheduler does for
+fallback kernels (nothing but that order ties two independent random ops;
+``tests/test_runtime_inductor.py`` checks it on CPU, ``tests/test_rng_recompute.py``
+on CUDA).  A fallback random op is not fused: the price of replaying it.  A
+saved state the plan swaps goes through ``libra::offload`` / ``reload`` like
+any saved value (``run_with_rng_state`` copies a state reloaded onto a CUDA
+device back to the host).  ``run_and_save_rng_state``'s fake rule returns the real state, so
+tracing and compiling such a graph lets operators read real tensors
+(:func:`real_rng_states`).  Inductor runs graphs holding these operators
+without CUDA graphs (``FORBIDDEN_CUDAGRAPH_OPS``): with ``cuda_graphs=True``
+it logs that and runs them uncaptured.  Plans that recompute no random op
+keep Inductor's own random numbers.
 
 **CUDA graphs** (``cuda_graphs=True``; only for plans without swaps: a swap
 synchronizes two streams and reuses host buffers, which a replayed graph
@@ -87,18 +111,22 @@ bytes; ``OptimizedModule`` adds them to the predicted peak it reports
 
 Sources: PyTorch 2 (Ansel et al., ASPLOS 2024), TorchInductor
 (``torch._inductor.compile_fx.compile_fx_inner``,
-``torch._inductor.decomposition.select_decomp_table``, CUDA graph trees);
-``torch.fx.experimental.proxy_tensor.make_fx``.
+``torch._inductor.decomposition.select_decomp_table``, ``config.fallback_random``,
+CUDA graph trees); ``torch.fx.experimental.proxy_tensor.make_fx``;
+``torch._prims.rng_prims`` (``run_and_save_rng_state`` / ``run_with_rng_state``,
+as AOTAutograd's ``functionalize_rng_ops`` uses them).
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import logging
+import operator
 
 import torch
 import torch.fx as fx
 
+from libra_opt.capture_passes import RNG_STATE, RNG_STATE_META, replay_random
 from libra_opt.errors import ExecutorError
 
 from . import offload_ops
@@ -107,7 +135,7 @@ from .partition import release
 logger = logging.getLogger(__name__)
 
 __all__ = ["EXECUTORS", "resolve_executor", "check_cuda_graphs", "with_swap_ops", "decompose",
-           "InductorCompiler", "step_peak_bytes"]
+           "InductorCompiler", "step_peak_bytes", "replays_random", "with_rng_replay", "real_rng_states"]
 
 #: executors ``optimize`` accepts
 EXECUTORS = ("inductor", "eager")
@@ -223,30 +251,114 @@ def decompose(gm: fx.GraphModule, example_inputs) -> fx.GraphModule:
         return interp.run(*args)
 
     mode = detect_fake_mode(example_inputs)
-    with mode if mode is not None else contextlib.nullcontext():
+    with mode if mode is not None else contextlib.nullcontext(), real_rng_states(gm, mode):
         out = make_fx(run, decomposition_table=select_decomp_table())(*example_inputs)
     return out
 
 
-def _check_no_random_recompute(lowered) -> None:
-    """Refuse a plan that recomputes a random op (dropout) in the backward
-    graph: Inductor draws its random numbers from seeds of its own per
-    compiled graph, so the recomputed mask would differ from the forward's.
+@contextlib.contextmanager
+def real_rng_states(gm: fx.GraphModule, mode):
+    """While tracing or compiling ``gm`` under the fake mode ``mode``: let an
+    operator read a real tensor where ``gm`` saves generator states with
+    ``run_and_save_rng_state`` (its fake rule returns the real state,
+    ``torch._prims.rng_prims``; a swap of that state reads it).  Sets
+    ``FakeTensorMode.allow_non_fake_inputs`` and puts it back."""
+    if mode is None or not any(n.target is _run_and_save_rng_state() for n in gm.graph.nodes):
+        yield
+        return
+    allow = mode.allow_non_fake_inputs
+    mode.allow_non_fake_inputs = True
+    try:
+        yield
+    finally:
+        mode.allow_non_fake_inputs = allow
+
+
+def _run_and_save_rng_state():
+    from torch._prims.rng_prims import run_and_save_rng_state
+
+    return run_and_save_rng_state
+
+
+def replays_random(lowered) -> bool:
+    """Whether ``lowered`` (a :class:`~libra_opt.runtime.partition.LoweredPlan`)
+    recomputes a random op: a :func:`~libra_opt.capture_passes.replay_random`
+    node in its forward or backward graph."""
+    return any(n.op == "call_function" and n.target is replay_random
+               for gm in (lowered.fw, lowered.bw) for n in gm.graph.nodes)
+
+
+def with_rng_replay(gm: fx.GraphModule) -> int:
+    """Rewrite the random ops of ``gm`` into PyTorch's RNG-state operators
+    (in place), so that Inductor replays a recomputed random op with the
+    forward's random numbers:
+
+    - a forward random op ``r = op(*a)`` whose state node ``s =
+      libra.rng_state(device)`` (:data:`~libra_opt.capture_passes.RNG_STATE_META`)
+      is in ``gm`` becomes ``t = run_and_save_rng_state(op, *a)``,
+      ``s = t[0]``, ``r = t[1]`` at ``r``'s place: the state is read and the
+      op draws in one fallback kernel, so no reordering by Inductor's
+      scheduler can put another draw between them;
+    - a recompute ``replay_random(s, op, *a)`` becomes
+      ``run_with_rng_state(s, op, *a)`` (set the generator to ``s``, run,
+      restore it): Inductor runs both as fallback kernels (calls of the
+      operators in its generated code), and with ``fallback_random=True``
+      ``op`` is aten's own kernel, drawing from the default generator as
+      eager PyTorch does.  A state the plan swapped is reloaded onto the
+      device; ``run_with_rng_state`` copies it back to the host on CUDA (and
+      on a CPU it never left the host).
+
+    Returns
+    -------
+    int
+        Number of nodes rewritten.
 
     Raises
     ------
-    RuntimeExecutionError
-    """
-    from libra_opt.errors import RuntimeExecutionError
+    ExecutorError
+        A state node is read (e.g. swapped out) before its random op runs,
+        which one fused save-and-draw cannot follow.
 
-    again = set(lowered.recomputed)
-    for n in lowered.bw.graph.nodes:
-        tags = getattr(n.target, "tags", ()) if n.op == "call_function" else ()
-        if n.name in again and torch.Tag.nondeterministic_seeded in tags:
-            raise RuntimeExecutionError(
-                f"the plan recomputes the random op {n.name!r} ({n.target}) in the backward graph, which the "
-                f"inductor executor cannot replay with the forward's random numbers; use executor='eager', "
-                f"or plan with random ops kept (they are not recomputable unless their RNG state is replayed)")
+    Source: ``torch._prims.rng_prims`` (``run_and_save_rng_state`` /
+    ``run_with_rng_state``, the pair AOTAutograd's ``functionalize_rng_ops``
+    emits; Inductor lowers both to fallback kernels, ``torch._inductor.lowering``).
+    """
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    g = gm.graph
+    by_name = {n.name: n for n in g.nodes}
+    order = {n: i for i, n in enumerate(g.nodes)}
+    done = 0
+    for n in list(g.nodes):
+        if n.op != "call_function":
+            continue
+        if n.target is replay_random:
+            n.target = run_with_rng_state
+            done += 1
+            continue
+        s = by_name.get(n.meta.get(RNG_STATE_META, ""))
+        if s is None or s.target is not RNG_STATE:
+            continue
+        early = [u for u in s.users if u is not n and order[u] < order[n]]
+        if early:
+            raise ExecutorError(f"the plan reads the RNG state {s.name!r} ({early[0].name!r}) before its random op "
+                                f"{n.name!r} runs; the inductor executor saves the state as the op draws: use "
+                                f"executor='eager' for this plan")
+        with g.inserting_before(n):
+            both = g.call_function(run_and_save_rng_state, (n.target, *n.args), dict(n.kwargs))
+            state = g.call_function(operator.getitem, (both, 0))
+            out = g.call_function(operator.getitem, (both, 1))
+        both.meta = dict(n.meta, val=(s.meta.get("val"), n.meta.get("val")))
+        state.meta, out.meta = dict(s.meta), dict(n.meta)
+        s.replace_all_uses_with(state)
+        n.replace_all_uses_with(out)
+        g.erase_node(n)
+        g.erase_node(s)
+        done += 1
+    if done:
+        g.lint()
+        gm.recompile()
+    return done
 
 
 def _static_bw(gm: fx.GraphModule) -> list[int]:
@@ -275,6 +387,10 @@ class InductorCompiler:
         CUDA graph trees copy into their pool (0 otherwise).
     compiled : dict
         ``"forward"`` / ``"backward"``: the decomposed graphs Inductor compiled.
+    fallback_random : bool
+        The plan recomputes a random op: both graphs are compiled with
+        ``fallback_random=True`` and PyTorch's RNG-state operators
+        (:func:`with_rng_replay`), set by :meth:`prepare`.
 
     Source: ``torch._inductor.compile_fx.compile_fx_inner`` (as ``compile_fx``'s
     ``fw_compiler_base`` / ``bw_compiler`` call it).
@@ -290,23 +406,28 @@ class InductorCompiler:
         self._graph_id = next(_graph_ids)
         self._device_index = None
         self.cuda_graph_input_bytes = 0
+        self.fallback_random = False
         self.compiled: dict[str, fx.GraphModule] = {}
         offload_ops._register_inductor_lowerings()
 
     def _config(self):
         from torch._inductor import config
 
+        opts = {}
         if self.has_swaps:
-            return config.patch(allow_buffer_reuse=False, inplace_buffers=False)
-        return contextlib.nullcontext()
+            opts.update(allow_buffer_reuse=False, inplace_buffers=False)
+        if self.fallback_random:
+            opts.update(fallback_random=True)
+        return config.patch(**opts) if opts else contextlib.nullcontext()
 
     def prepare(self, lowered) -> None:
         """Rewrite the swap steps of ``lowered`` (a
         :class:`~libra_opt.runtime.partition.LoweredPlan`) into ``libra``
         operators, in the partition hook, before AOTAutograd reads the saved
         values' metadata: a host buffer is then a contiguous CPU tensor of the
-        swapped tensor's shape and dtype in both graphs."""
-        _check_no_random_recompute(lowered)
+        swapped tensor's shape and dtype in both graphs.  Also decides
+        :attr:`fallback_random` (whether the plan recomputes a random op)."""
+        self.fallback_random = replays_random(lowered)
         fw = with_swap_ops(lowered.fw, self.swap)
         bw = with_swap_ops(lowered.bw, self.swap)
         out = next(iter(fw.graph.find_nodes(op="output")))
@@ -325,7 +446,10 @@ class InductorCompiler:
             static = list(cfx.get_static_input_idxs(0))   # parameters and buffers (AOTAutograd's metadata)
         else:   # pragma: no cover - torch versions that lift parameters before the graph's inputs
             static = []
-        dgm = decompose(gm, example_inputs)
+        if self.fallback_random:
+            with_rng_replay(gm)
+        with self._config():     # fallback_random also selects the decomposition table
+            dgm = decompose(gm, example_inputs)
         self.compiled["backward" if is_backward else "forward"] = dgm
         if self.cuda_graphs and not is_backward:
             self.cuda_graph_input_bytes = sum(
@@ -335,7 +459,9 @@ class InductorCompiler:
             from torch._inductor.cudagraph_utils import BoxedDeviceIndex
 
             self._device_index = BoxedDeviceIndex(None)
-        with self._config():
+        from torch._guards import detect_fake_mode
+
+        with self._config(), real_rng_states(dgm, detect_fake_mode(example_inputs)):
             out = cfx.compile_fx_inner(dgm, example_inputs, static_input_idxs=static,
                                        cudagraphs=self._cudagraphs,
                                        is_backward=is_backward, graph_id=self._graph_id,

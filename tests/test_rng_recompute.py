@@ -131,3 +131,41 @@ def test_cuda_dropout_recomputed_replays_philox_state():
     assert any("native_dropout" in n for n in om.lowered.recomputed), om.lowered.recomputed
     for a, b in zip(zm.model.parameters(), ref.parameters()):
         assert (a.grad - b.grad).abs().max() <= 1e-2 * b.grad.abs().max().clamp_min(1e-12)
+
+
+@pytest.mark.cuda
+def test_cuda_dropout_recomputed_under_inductor_replays_philox_state():
+    """On CUDA under the Inductor executor: GPT-2 tiny with dropout 0.1 and
+    checkpoint-all (every dropout recomputed in the backward graph as
+    ``run_with_rng_state`` with the Philox state its forward saved through
+    ``run_and_save_rng_state``): for two steps, gradients within torch.compile's
+    own error against eager (torch.compile with ``fallback_random=True``, so
+    its masks are eager's) and within 1e-2 relative (a different mask would be
+    far off), and the CUDA RNG stream after the step eager's."""
+    from torch._inductor import config
+
+    zm = build_model("gpt2-tiny", 2, dropout=0.1, device="cuda", seed=0)
+    ref, tc = copy.deepcopy(zm.model), copy.deepcopy(zm.model)
+
+    def step(m):
+        torch.manual_seed(SEED)
+        m(*zm.args, **zm.kwargs).loss.backward()
+        return torch.rand(8, device="cuda")
+
+    ref_next = step(ref)
+    with config.patch(fallback_random=True):
+        step(torch.compile(tc))
+    err_of = lambda m: max(float((a.grad - b.grad).abs().max()) for a, b in zip(m.parameters(), ref.parameters()))  # noqa: E731
+    tc_err = err_of(tc)
+    scale = max(float(b.grad.abs().max()) for b in ref.parameters())
+    om = optimize(zm.model, zm.args, 1.0, solver="checkpoint-all", example_kwargs=zm.kwargs, profile=False,
+                  executor="inductor")
+    for _ in range(2):
+        after = step(om)
+        err = err_of(zm.model)
+        assert err <= max(10 * tc_err, 1e-5 * scale) and err <= 1e-2 * scale, (err, tc_err, scale)
+        assert torch.equal(after, ref_next)
+        zm.model.zero_grad(set_to_none=True)
+    assert om.inductor.fallback_random
+    assert any("native_dropout" in n for n in om.lowered.recomputed), om.lowered.recomputed
+    assert "run_with_rng_state" in om.inductor.compiled["backward"].code

@@ -2,8 +2,9 @@
 compiles the planned forward and backward graphs; plans that swap and plans
 that recompute train with gradients as close to eager PyTorch as
 ``torch.compile`` itself comes (both errors measured here), the swap operators
-survive compilation and run in order, and the peak of a planned step is not
-above the eager executor's.
+survive compilation and run in order, the peak of a planned step is not
+above the eager executor's, and a recomputed random op (dropout,
+``rand_like``; its saved state kept or swapped) draws its forward's numbers.
 
 Compile time is the cost of these tests (one g++ call per generated kernel):
 the models are tiny and each compiled module is built once per module run."""
@@ -219,21 +220,153 @@ def test_swap_ops_survive_inductor_and_run_in_order():
     assert not sw._host_bufs
 
 
-def test_recomputed_random_op_is_refused():
-    """Inductor draws its own random numbers per graph: a dropout recomputed in
-    the backward graph would not match the forward's mask."""
+# ---------------------------------------------------------------- random ops recomputed under Inductor
+SEED = 1234
+
+
+class _Random(nn.Module):
+    """A random op between two layers: ``dropout(p=0.5)`` or ``rand_like`` noise."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        h = nn.functional.dropout(h, 0.5, self.training) if self.kind == "dropout" else h * torch.rand_like(h)
+        return self.b(h)
+
+
+def _seeded(step):
+    def run(m):
+        torch.manual_seed(SEED)
+        return step(m)
+    return run
+
+
+_RANDOM: dict = {}
+
+
+def _random_case(kind, device="cpu"):
+    """(model, x, eager grads with seed SEED, tolerance) on ``device``: the
+    tolerance from torch.compile with ``fallback_random=True`` (its random ops
+    are aten's, as eager draws them, so only its numerics differ); measured
+    once per case, a fresh model (same weights) per call."""
+    from torch._inductor import config
+
+    torch.manual_seed(0)
+    model, x = _Random(kind).to(device), torch.randn(8, 16, device=device)
+    if (kind, device) not in _RANDOM:
+        with config.patch(fallback_random=True):
+            _RANDOM[kind, device] = _tolerance(model, _seeded(lambda m: _mlp_loss(m(x))))[:2]
+    return (model, x, *_RANDOM[kind, device])
+
+
+def _check_replayed_step(om, x, eager, tol, rand_names):
+    """Two steps with seed SEED: gradients within ``tol`` of eager's (a mask
+    other than the forward's would be off by the size of the gradient), the
+    RNG stream after the step eager's; the random ops ran as PyTorch's RNG
+    state operators in the compiled graphs."""
+    torch.manual_seed(SEED)
+    _mlp_loss(copy.deepcopy(om.model)(x)).backward()
+    eager_next = torch.rand(8, device=x.device)
+    scale = max(float(g.abs().max()) for g in eager)
+    for _ in range(2):
+        torch.manual_seed(SEED)
+        om(x).backward()
+        after = torch.rand(8, device=x.device)
+        err = _max_err(_grads(om.model), eager)
+        assert err <= tol < 0.01 * scale, (err, tol, scale)
+        assert torch.equal(after, eager_next)                # the replay restored the generator
+        om.model.zero_grad(set_to_none=True)
+    assert set(rand_names) <= set(om.lowered.recomputed)
+    fw, bw = om.inductor.compiled["forward"].code, om.inductor.compiled["backward"].code
+    assert "run_and_save_rng_state" in fw and "run_with_rng_state" in bw
+    assert "replay_random" not in fw + bw and "libra.rng_state" not in fw
+
+
+@pytest.mark.parametrize("kind", ["dropout", "rand_like"])
+def test_recomputed_random_op_replays_forward_numbers_under_inductor(kind):
+    """checkpoint-all recomputes the random op in the backward graph; under
+    Inductor it draws the forward's numbers (issue 10, items 2 and 3)."""
+    model, x, eager, tol = _random_case(kind)
+    om = optimize(model, (x,), 1.0, solver="checkpoint-all", loss_fn=_mlp_loss, profile=False,
+                  executor="inductor")
+    target = "aten.native_dropout.default" if kind == "dropout" else "aten.rand_like.default"
+    rand = [n.id for n in om.problem.nodes if n.target == target]
+    assert rand and set(rand) <= set(om.plan.schedule.recomputed_nodes())      # the schedule recomputes it
+    _check_replayed_step(om, x, eager, tol, [om.problem.nodes[i].name for i in rand])
+    assert om.inductor.fallback_random
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_swapped_rng_state_replays_under_inductor(device):
+    """A plan that swaps the saved generator state out after the forward
+    random op and back in before its recompute (on CUDA the state comes back
+    onto the device, and the replay reads it from there)."""
+    from libra_opt.capture import build_problem, capture
+    from libra_opt.runtime.module import OptimizedModule
+    from libra_opt.schedule import Free, Op, SwapIn, SwapOut, Wait
+    from libra_opt.simulator import simulate
+    from libra_opt.solvers.result import SolveResult
+    from test_rng_recompute import _recompute_in_backward
+
+    model, x, eager, tol = _random_case("rand_like", device)
+    step = capture(model, (x,), {}, loss_fn=_mlp_loss)
+    p = build_problem(step)
+    rand = next(n for n in p.nodes if n.target == "aten.rand_like.default")
+    state = next(t for t in p.tensors if t.producer is not None
+                 and p.nodes[t.producer].target == "libra.rng_state.default")
+    base = _recompute_in_backward(p, [rand.id])
+    ins = list(base.instructions)
+    first, again = [i for i, a in enumerate(ins) if a.op == Op.COMPUTE and a.arg == rand.id][:2]
+    ins[again:again] = [SwapIn(state.id), Wait(state.id)]
+    ins[first + 1:first + 1] = [SwapOut(state.id), Free(state.id)]
+    sched = type(base)(ins)
+    sim = simulate(p, sched)
+    assert state.id in sched.swapped_tensors() and rand.id in sched.recomputed_nodes()
+    plan = SolveResult(status="feasible", schedule=sched, solver="manual", budget_bytes=sim.peak_bytes,
+                       peak_bytes=sim.peak_bytes)
+    om = OptimizedModule(model, p, plan, example_shapes=step.example_shapes, loss_fn=_mlp_loss,
+                         device=device, executor="inductor")
+    _check_replayed_step(om, x, eager, tol, [rand.name])
+    assert "libra.offload" in om.inductor.compiled["forward"].code
+    assert "libra.reload" in om.inductor.compiled["backward"].code
+
+
+def test_with_rng_replay_fuses_save_and_draw_and_replays():
+    """The rewrite alone, run eagerly: the forward pair becomes one
+    ``run_and_save_rng_state`` returning the state before the draw, a
+    ``replay_random`` becomes ``run_with_rng_state`` (same numbers, generator
+    restored); a state read before its random op is refused."""
     import torch.fx as fx
 
-    from libra_opt.errors import RuntimeExecutionError
-    from libra_opt.runtime.inductor import _check_no_random_recompute
-    from libra_opt.runtime.partition import LoweredPlan
+    from libra_opt.capture_passes import RNG_STATE, RNG_STATE_META, replay_random
+    from libra_opt.runtime.inductor import with_rng_replay
 
-    g = fx.Graph()
-    a = g.placeholder("a")
-    mask = g.call_function(torch.ops.aten.bernoulli.p, (a, 0.5))
-    g.output((mask,))
-    bw = fx.GraphModule({}, g)
-    low = LoweredPlan(fw=bw, bw=bw, num_fwd_outputs=0, split=0, recomputed=[mask.name])
-    with pytest.raises(RuntimeExecutionError, match="random op"):
-        _check_no_random_recompute(low)
-    _check_no_random_recompute(LoweredPlan(fw=bw, bw=bw, num_fwd_outputs=0, split=0, recomputed=[]))
+    def graph(read_early):
+        g = fx.Graph()
+        a = g.placeholder("a")
+        s = g.call_function(RNG_STATE, (torch.device("cpu"),))
+        early = g.call_function(torch.ops.aten.clone.default, (s,)) if read_early else None
+        r = g.call_function(torch.ops.aten.rand_like.default, (a,))
+        r.meta[RNG_STATE_META] = s.name
+        again = g.call_function(replay_random, (s, torch.ops.aten.rand_like.default, a))
+        g.output((r, s, again) if early is None else (r, early))
+        return fx.GraphModule({}, g)
+
+    gm = graph(False)
+    assert with_rng_replay(gm) == 2
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert RNG_STATE not in targets and replay_random not in targets
+    a = torch.zeros(4, 3)
+    torch.manual_seed(SEED)
+    before = torch.get_rng_state()
+    r, s, again = gm(a)
+    after = torch.rand(5)
+    torch.manual_seed(SEED)
+    assert torch.equal(r, torch.rand_like(a)) and torch.equal(after, torch.rand(5))
+    assert torch.equal(s, before) and torch.equal(again, r)
+    with pytest.raises(ExecutorError, match="before its random op"):
+        with_rng_replay(graph(True))

@@ -163,6 +163,7 @@ class CheckmateLPSolver(Solver):
                 c = fitting[0]
                 c.schedule.meta.update({"solver": self.name})
                 why = ("the LP is infeasible at this budget" if rr.lp_infeasible else
+                       "the LP stopped at its time limit" if rr.timed_out else
                        f"the LP stopped ({rr.lp_error})" if rr.lp_error else "no rounding of the LP fits")
                 status = TIME_LIMIT if rr.timed_out else FEASIBLE
                 return RawSolution(c.schedule, status, lower_of(c.time_s),
@@ -264,12 +265,9 @@ def round_lp(setup: CheckmateSetup, budget_bytes: int, *, backend: str = "scipy"
     seen_budgets: set[int] = set()
     for factor in budget_factors:
         factor = float(factor)
-        limit = time_limit_s
-        if deadline is not None:
-            limit = min(limit, deadline - time.perf_counter())
-            if limit <= 0:
-                out.timed_out = out.best is None
-                break
+        if deadline is not None and deadline <= time.perf_counter():
+            out.timed_out = out.best is None
+            break
         lp_budget = int(budget_bytes * factor)
         if factor != 1.0:
             lp_budget = max(lp_budget, min(floor, budget_bytes))
@@ -283,6 +281,7 @@ def round_lp(setup: CheckmateSetup, budget_bytes: int, *, backend: str = "scipy"
                 out.extras["infeasible_reason"] = model.infeasible_reason
             break
         t0 = time.perf_counter()
+        limit = time_limit_s if deadline is None else max(min(time_limit_s, deadline - t0), 0.1)
         try:
             x, value = _solve_lp(model, backend, limit)
         except SolverError as e:

@@ -9,7 +9,7 @@ Rematerialization*, MLSys 2020, section 4 (MILP over ``R``, ``S``, ``FREE``,
 the solution's ``S`` with ``solve_r_opt``, which removes spurious
 recomputations.
 
-Backends: OR-Tools with SCIP or HiGHS, fed the model's CSR matrix in one
+Backends: OR-Tools with SCIP, fed the model's CSR matrix in one
 call (``model_builder_helper.ModelBuilderHelper.fill_model_from_sparse_data``,
 OR-Tools' vectorised model builder) with the starting solution as hints
 (``add_hint``); OR-Tools' CBC through ``pywraplp`` (one coefficient per
@@ -58,7 +58,7 @@ from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
 log = logging.getLogger(__name__)
 
 BACKENDS = ("ortools", "pulp")
-ORTOOLS_SOLVERS = ("auto", "SCIP", "HIGHS", "CBC")
+ORTOOLS_SOLVERS = ("auto", "SCIP", "CBC")
 
 
 @dataclass(frozen=True)
@@ -69,9 +69,10 @@ class CheckmateMILPOptions:
     ----------
     backend : {"ortools", "pulp"}
         ``"ortools"``: OR-Tools ``pywraplp``; ``"pulp"``: PuLP with its CBC.
-    ortools_solver : {"auto", "SCIP", "HIGHS", "CBC"}
+    ortools_solver : {"auto", "SCIP", "CBC"}
         The MIP engine behind OR-Tools; ``"auto"`` takes SCIP if built in,
-        else HiGHS, else CBC.
+        else CBC.  (OR-Tools 9.15's HiGHS interface crashes when given a
+        starting solution, so it is not offered.)
     time_limit_s : float
         Wall-clock limit of the whole solve (warm start included; the MILP
         itself gets what is left, at least 1 s), seconds.
@@ -306,24 +307,25 @@ class CheckmateMILPSolver(Solver):
 # backends
 # ---------------------------------------------------------------------------
 def _solve_ortools(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions) -> _MipResult:
-    """Solve ``model`` with OR-Tools: SCIP or HiGHS through the vectorised
-    model builder (:func:`_solve_model_builder`), else CBC through ``pywraplp``."""
+    """Solve ``model`` with OR-Tools: SCIP through the vectorised model
+    builder (:func:`_solve_model_builder`), else CBC through ``pywraplp``."""
     from ortools.linear_solver.python import model_builder_helper as mbh
 
-    engines = ("SCIP", "HIGHS", "CBC") if o.ortools_solver == "auto" else (o.ortools_solver,)
-    for engine in engines:
-        if engine != "CBC" and mbh.ModelSolverHelper(engine.lower()).solver_is_supported():
-            return _solve_model_builder(model, hint, time_limit_s, o, engine)
+    if o.ortools_solver != "CBC" and mbh.ModelSolverHelper("scip").solver_is_supported():
+        return _solve_model_builder(model, hint, time_limit_s, o)
+    if o.ortools_solver == "SCIP":
+        from libra_opt.errors import SolverUnavailableError
+
+        raise SolverUnavailableError("OR-Tools was built without SCIP; use ortools_solver='CBC' or backend='pulp'")
     return _solve_pywraplp(model, hint, time_limit_s, o)
 
 
-def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions,
-                         engine: str) -> _MipResult:
+def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions) -> _MipResult:
     """Solve ``model`` with OR-Tools' model builder: bounds, objective and the
     CSR constraint matrix in one call
     (``ModelBuilderHelper.fill_model_from_sparse_data``), the starting
-    solution as hints (``add_hint``), then ``ModelSolverHelper`` with SCIP or
-    HiGHS.  The result carries the solver's best bound
+    solution as hints (``add_hint``), then ``ModelSolverHelper`` with SCIP.
+    The result carries the solver's best bound
     (``best_objective_bound``) also when it stops without a solution.
 
     Parameters
@@ -333,7 +335,6 @@ def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: Ch
     time_limit_s : float
         Seconds.
     o : CheckmateMILPOptions
-    engine : {"SCIP", "HIGHS"}
     """
     from ortools.linear_solver.python import model_builder_helper as mbh
 
@@ -346,18 +347,13 @@ def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: Ch
     if hint is not None:
         for j, v in enumerate(np.asarray(hint, dtype=np.float64).tolist()):
             helper.add_hint(j, v)
-    solver = mbh.ModelSolverHelper(engine.lower())
+    engine = "SCIP"
+    solver = mbh.ModelSolverHelper("scip")
     solver.set_time_limit_in_seconds(float(time_limit_s))
-    params = []
-    if engine == "SCIP":
-        # SCIP's own SIGINT handler would end the solve quietly with its incumbent: leave Ctrl-C to Python
-        params += ["misc/catchctrlc = FALSE", f"limits/gap = {float(o.mip_gap)}"]
-        if o.threads is not None:
-            params.append(f"parallel/maxnthreads = {int(o.threads)}")
-    else:
-        params += [f"mip_rel_gap = {float(o.mip_gap)}"]
-        if o.threads is not None:
-            params.append(f"threads = {int(o.threads)}")
+    # SCIP's own SIGINT handler would end the solve quietly with its incumbent: leave Ctrl-C to Python
+    params = ["misc/catchctrlc = FALSE", f"limits/gap = {float(o.mip_gap)}"]
+    if o.threads is not None:
+        params.append(f"parallel/maxnthreads = {int(o.threads)}")
     solver.set_solver_specific_parameters("\n".join(params) + "\n")
     solver.enable_output(bool(o.verbose))
     t0 = time.perf_counter()
@@ -381,17 +377,12 @@ def _solve_pywraplp(model: CheckmateModel, hint, time_limit_s: float, o: Checkma
     """Solve ``model`` with OR-Tools ``pywraplp`` (CBC; one coefficient per call)."""
     from ortools.linear_solver import pywraplp
 
-    engines = ("CBC",)
-    solver = None
-    engine = ""
-    for engine in engines:
-        solver = pywraplp.Solver.CreateSolver(engine)
-        if solver is not None:
-            break
+    engine = "CBC"
+    solver = pywraplp.Solver.CreateSolver(engine)
     if solver is None:
         from libra_opt.errors import SolverUnavailableError
 
-        raise SolverUnavailableError(f"OR-Tools was built without {' or '.join(engines)}; use backend='pulp'")
+        raise SolverUnavailableError("OR-Tools was built without SCIP or CBC; use backend='pulp'")
     inf = solver.infinity()
     xs = []
     for j in range(model.num_vars):

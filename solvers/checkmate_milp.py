@@ -333,11 +333,12 @@ def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: Ch
     model : CheckmateModel
     hint : ndarray of shape (num_vars,) or None
     time_limit_s : float
-        Seconds.
+        Seconds, from the call (filling the model counts; SCIP gets at least 1 s).
     o : CheckmateMILPOptions
     """
     from ortools.linear_solver.python import model_builder_helper as mbh
 
+    t_build = time.perf_counter()
     helper = mbh.ModelBuilderHelper()
     A = model.A.tocsr().astype(np.float64)
     A.sort_indices()
@@ -349,6 +350,7 @@ def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: Ch
             helper.add_hint(j, v)
     engine = "SCIP"
     solver = mbh.ModelSolverHelper("scip")
+    time_limit_s = max(time_limit_s - (time.perf_counter() - t_build), 1.0)  # filling the model counts too
     solver.set_time_limit_in_seconds(float(time_limit_s))
     # SCIP's own SIGINT handler would end the solve quietly with its incumbent: leave Ctrl-C to Python
     params = ["misc/catchctrlc = FALSE", f"limits/gap = {float(o.mip_gap)}"]

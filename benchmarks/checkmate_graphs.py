@@ -69,19 +69,26 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def graph_table(rows) -> str:
     """Markdown table of one graph's rows (cost in relative units)."""
-    head = ["budget", "solver", "status", "cost (added)", "added %", "peak / no-remat", "solve s", "note"]
+    head = ["budget", "solver", "status", "cost (added)", "added %", "peak / no-remat", "bound (added)", "solve s",
+            "note"]
     out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * len(head)) + "|"]
     peak = rows[0].budget_bytes / rows[0].budget_fraction if rows and rows[0].budget_fraction else None
     for r in rows:
         if r.success:
             cost, pct = f"{r.added_s:.6g}", f"{r.added_pct:.2f}%"
             pk = f"{r.peak_bytes / peak:.3f}" if peak else str(r.peak_bytes)
+            # Checkmate solvers: what was returned (the MILP's plan, or libra's / a heuristic's)
             note = ""
+            if r.solver.startswith("checkmate"):
+                parts = r.message.split("; ")
+                note = parts[0][:60] + "".join("; " + q.split(", which")[0] for q in parts[1:]
+                                               if q.startswith(("returning the", "fell back to", "the libra")))
         else:
             cost = pct = "-"
             pk = (f"needs {r.min_feasible_bytes / peak:.3f}" if peak and r.min_feasible_bytes is not None else "-")
             note = r.message.split(";")[0][:60] if r.status in ("unavailable", "error") else ""
-        out.append("| " + " | ".join([f"{r.budget_fraction:.2f}", r.solver, r.status, cost, pct, pk,
+        bound = "-" if not r.success or r.lower_bound_s is None else f"{r.lower_bound_s - r.base_s:.6g}"
+        out.append("| " + " | ".join([f"{r.budget_fraction:.2f}", r.solver, r.status, cost, pct, pk, bound,
                                       f"{r.solve_s:.3f}", note]) + " |")
     return "\n".join(out)
 

@@ -16,6 +16,11 @@ of every plan the model admits and is reported as ``lower_bound_s``.  When no
 rounding fits, the LP is solved again at a smaller budget
 (``budget_factors``, as the reference solves at 0.9 of the budget) so the
 rounded plans have slack; the bound always comes from the full budget.
+libra's recompute-only plan at the same budget is the fallback (option
+``libra_fallback``): when the LP stops at its time limit, no rounding fits,
+or the rounding costs more, the cheapest plan within the budget among the
+rounding, libra's and the heuristic plans is returned, so the LP never ends
+in an error where libra plans.
 Problems larger than ``max_nodes`` are coarsened first
 (:mod:`libra_opt.solvers.coarsen`); the LP value is then a bound for the
 coarse model only and goes to ``extras`` instead.
@@ -35,7 +40,7 @@ from .base import Solver
 from .checkmate_model import CheckmateModel
 from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, rs_from_s
 from .registry import register_solver
-from .result import FEASIBLE, OPTIMAL, RawSolution
+from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +65,7 @@ class CheckmateLPOptions:
         budget is raised to the model's necessary minimum (the largest
         single-stage requirement) when it falls below it.
     time_limit_s : float
-        Time limit of each LP solve, seconds.
+        Time limit of all LP solves together (each gets what is left), seconds.
     coarsen : "auto", "none" or int
         As for ``checkmate-milp``.
     max_nodes : int
@@ -69,6 +74,10 @@ class CheckmateLPOptions:
         ``S`` per value = outputs of a node with the same users (``"tensor"``,
         exact) or per node (``"node"``, Checkmate's; fewer variables).
         ``"auto"``: ``"tensor"`` unless the problem was coarsened.
+    libra_fallback : bool
+        Also run libra (recompute-only) at the budget; its plan is returned
+        when it is cheaper than every rounding, or when the LP stops at its
+        time limit or no rounding fits.
     """
 
     backend: str = "scipy"
@@ -78,6 +87,7 @@ class CheckmateLPOptions:
     coarsen: str | int = "auto"
     max_nodes: int = 100
     values: str = "auto"
+    libra_fallback: bool = True
 
 
 @register_solver("checkmate-lp")
@@ -129,45 +139,54 @@ class CheckmateLPSolver(Solver):
             return RawSolution(trivial, OPTIMAL, lower_bound_s=problem.total_compute_s,
                                message="the no-remat plan fits the budget (no recomputation needed)",
                                extras={"coarsened": False})
-        setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values)
+        setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values, budget_bytes=budget_bytes)
         rr = round_lp(setup, budget_bytes, backend=o.backend, thresholds=o.thresholds,
-                      budget_factors=o.budget_factors, time_limit_s=o.time_limit_s)
+                      budget_factors=o.budget_factors, time_limit_s=o.time_limit_s,
+                      deadline=time.perf_counter() + o.time_limit_s)
         extras = dict(setup.describe(), backend=o.backend, **rr.extras)
         lp_value_s = rr.lp_value_s
+        if lp_value_s is None:
+            bound = "no LP bound"
+        elif setup.coarsened:
+            bound = f"LP bound {lp_value_s:.6g} s holds for the coarsened graph only"
+            extras["coarse_lp_value_s"] = lp_value_s
+        else:
+            bound = f"LP lower bound {lp_value_s:.6g} s"
+        lower_of = (lambda t: None) if (lp_value_s is None or setup.coarsened) else (lambda t: min(lp_value_s, t))
+        libra = setup.libra_plans(budget_bytes)[:1] if o.libra_fallback else []
+        if libra:
+            extras["libra_time_s"] = libra[0].time_s
         if rr.best is None:
             heur = setup.heuristics()
-            fitting = sorted((c for c in heur if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
+            fitting = sorted((c for c in heur + libra if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
             if fitting:
                 c = fitting[0]
                 c.schedule.meta.update({"solver": self.name})
-                why = "the LP is infeasible at this budget" if rr.lp_infeasible else "no rounding of the LP fits"
-                if lp_value_s is None:
-                    bound = "no LP bound"
-                elif setup.coarsened:
-                    bound = f"LP bound {lp_value_s:.6g} s holds for the coarsened graph only"
-                    extras["coarse_lp_value_s"] = lp_value_s
-                else:
-                    bound = f"LP lower bound {lp_value_s:.6g} s"
-                return RawSolution(c.schedule, FEASIBLE, lp_value_s if not setup.coarsened else None,
-                                   f"{why}; fell back to the {c.name} heuristic plan, which the simulator "
-                                   f"accepts ({bound}){setup.note()}", dict(extras, heuristic=c.name))
+                why = ("the LP is infeasible at this budget" if rr.lp_infeasible else
+                       "the LP stopped at its time limit" if rr.timed_out else
+                       f"the LP stopped ({rr.lp_error})" if rr.lp_error else "no rounding of the LP fits")
+                status = TIME_LIMIT if rr.timed_out else FEASIBLE
+                return RawSolution(c.schedule, status, lower_of(c.time_s),
+                                   f"{why}; fell back to the {c.name} plan, which the simulator "
+                                   f"accepts ({bound}){setup.note()}", dict(extras, heuristic=c.name, returned=c.name))
             detail = ("the Checkmate LP relaxation is infeasible at this budget" if rr.lp_infeasible else
+                      f"the LP stopped ({rr.lp_error})" if rr.lp_error else
                       "no rounding of the Checkmate LP fits this budget; checkmate-milp may find a plan")
             raise setup.infeasible(budget_bytes, heur + ([rr.lowest] if rr.lowest is not None else []), detail)
         cand = rr.best
-        lower = None
+        lower = lower_of(cand.time_s)
         status = FEASIBLE
-        if lp_value_s is not None:
-            lower = min(lp_value_s, cand.time_s)
-            if not setup.coarsened and cand.time_s <= lp_value_s * (1 + 1e-6) + 1e-12:
-                status = OPTIMAL
-        if setup.coarsened:
-            extras["coarse_lp_value_s"] = lp_value_s
-            lower = None
+        if lower is not None and cand.time_s <= lp_value_s * (1 + 1e-6) + 1e-12:
+            status = OPTIMAL
         msg = f"LP ({o.backend}) rounded at threshold {rr.threshold:g}" + (
-            f", LP solved at {rr.factor:g} of the budget" if rr.factor != 1.0 else "") + setup.note()
+            f", LP solved at {rr.factor:g} of the budget" if rr.factor != 1.0 else "")
+        if libra and libra[0].peak_bytes <= budget_bytes and libra[0].time_s < cand.time_s:
+            cand = libra[0]
+            msg += "; libra's plan is cheaper than the rounding and is returned"
+            extras["returned"] = "libra"
+            status = FEASIBLE  # cheaper than the LP optimum's rounding: outside the model or not its optimum
         cand.schedule.meta.update({"solver": self.name, "status": status})
-        return RawSolution(cand.schedule, status, lower, msg, extras)
+        return RawSolution(cand.schedule, status, lower, msg + setup.note(), extras)
 
 
 @dataclass
@@ -184,6 +203,11 @@ class LPRounding:
         The LP optimum at the full budget, seconds (None if infeasible or not reached).
     lp_infeasible : bool
         The LP at the full budget is infeasible (so is the MILP).
+    lp_error : str or None
+        Why an LP solve stopped without a solution (time limit, numerics).
+    timed_out : bool
+        An LP solve hit the time limit, or the deadline passed before the
+        budget factors were all tried.
     lowest : Candidate or None
         The rounded plan with the smallest simulated peak, within budget or
         not: its peak is a budget shown feasible.
@@ -198,6 +222,8 @@ class LPRounding:
     factor: float | None = None
     lp_value_s: float | None = None
     lp_infeasible: bool = False
+    lp_error: str | None = None
+    timed_out: bool = False
     extras: dict = field(default_factory=dict)
 
 
@@ -221,16 +247,15 @@ def round_lp(setup: CheckmateSetup, budget_bytes: int, *, backend: str = "scipy"
     time_limit_s : float
         Limit of each LP solve, seconds.
     deadline : float, optional
-        ``time.perf_counter()`` value after which no further LP is solved.
+        ``time.perf_counter()`` value after which no further LP is solved;
+        each LP gets at most the time left until it.
 
     Returns
     -------
     LPRounding
-
-    Raises
-    ------
-    SolverError
-        The LP solver failed (not infeasibility).
+        An LP solve that stops without a solution (time limit, numerics)
+        ends the search; ``lp_error`` says why, and ``timed_out`` is set on
+        a time limit.
     """
     g = setup.graph
     out = LPRounding()
@@ -240,7 +265,8 @@ def round_lp(setup: CheckmateSetup, budget_bytes: int, *, backend: str = "scipy"
     seen_budgets: set[int] = set()
     for factor in budget_factors:
         factor = float(factor)
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and deadline <= time.perf_counter():
+            out.timed_out = out.best is None
             break
         lp_budget = int(budget_bytes * factor)
         if factor != 1.0:
@@ -255,7 +281,14 @@ def round_lp(setup: CheckmateSetup, budget_bytes: int, *, backend: str = "scipy"
                 out.extras["infeasible_reason"] = model.infeasible_reason
             break
         t0 = time.perf_counter()
-        x, value = _solve_lp(model, backend, time_limit_s)
+        limit = time_limit_s if deadline is None else max(min(time_limit_s, deadline - t0), 0.1)
+        try:
+            x, value = _solve_lp(model, backend, limit)
+        except SolverError as e:
+            out.lp_error = str(e)
+            out.timed_out = "time limit" in str(e).lower()
+            log.info("checkmate LP at %.2f of the budget stopped: %s", factor, e)
+            break
         log.info("checkmate LP at %.2f of the budget: %s in %.2f s (%d vars, %d rows)", factor,
                  "infeasible" if x is None else f"{value:.6g}", time.perf_counter() - t0, model.num_vars,
                  model.num_rows)

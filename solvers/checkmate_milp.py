@@ -9,11 +9,22 @@ Rematerialization*, MLSys 2020, section 4 (MILP over ``R``, ``S``, ``FREE``,
 the solution's ``S`` with ``solve_r_opt``, which removes spurious
 recomputations.
 
-Backends: OR-Tools ``pywraplp`` with SCIP (or CBC if SCIP is not built in),
-or PuLP with CBC.  Ctrl-C during a solve raises ``KeyboardInterrupt`` (never
-a plan from an interrupted solve): OR-Tools runs in a worker thread and is
-stopped with ``InterruptSolve`` (:func:`run_interruptibly`); PuLP's CBC
-child process is killed and its temporary files removed (:func:`run_pulp`).
+Backends: OR-Tools with SCIP, fed the model's CSR matrix in one
+call (``model_builder_helper.ModelBuilderHelper.fill_model_from_sparse_data``,
+OR-Tools' vectorised model builder) with the starting solution as hints
+(``add_hint``); OR-Tools' CBC through ``pywraplp`` (one coefficient per
+call); or PuLP with CBC.  Ctrl-C during a solve raises ``KeyboardInterrupt``
+(never a plan from an interrupted solve): OR-Tools runs in a worker thread
+and is stopped with ``interrupt_solve`` / ``InterruptSolve``
+(:func:`run_interruptibly`); PuLP's CBC child process is killed and its
+temporary files removed (:func:`run_pulp`).
+
+Starting solution and fallback: libra's recompute-only plan at the same
+budget (:meth:`~libra_opt.solvers.checkmate_plan.CheckmateSetup.libra_plans`)
+joins the heuristic plans and the LP rounding; the cheapest of them that
+fits the model is the MILP's hint, and the cheapest that the simulator
+accepts within the budget is returned whenever the MILP ends worse or with
+no solution (time limit): the result is never costlier than libra's.
 
 Recompute only (no swapping).  The model has O(n^2)
 variables: problems with more than ``max_nodes`` nodes are coarsened first
@@ -59,8 +70,9 @@ class CheckmateMILPOptions:
     backend : {"ortools", "pulp"}
         ``"ortools"``: OR-Tools ``pywraplp``; ``"pulp"``: PuLP with its CBC.
     ortools_solver : {"auto", "SCIP", "CBC"}
-        The MIP engine behind ``pywraplp``; ``"auto"`` takes SCIP if built in,
-        else CBC.
+        The MIP engine behind OR-Tools; ``"auto"`` takes SCIP if built in,
+        else CBC.  (OR-Tools 9.15's HiGHS interface crashes when given a
+        starting solution, so it is not offered.)
     time_limit_s : float
         Wall-clock limit of the whole solve (warm start included; the MILP
         itself gets what is left, at least 1 s), seconds.
@@ -71,9 +83,14 @@ class CheckmateMILPOptions:
         values with ``warmStart``): the cheapest of the heuristic plans (no
         remat, recompute-forward) and Checkmate's LP rounding
         (:func:`~libra_opt.solvers.checkmate_lp.round_lp`, given at most half
-        of ``time_limit_s``) that fits the model's budget.  If the MILP stops
-        at its time limit without a better plan, that plan is returned
-        (status ``"time_limit"``); the LP value also serves as a lower bound.
+        of ``time_limit_s``) that fits the model's budget, and libra's plan
+        when ``libra_hint``.  If the MILP stops at its time limit without a
+        better plan, that plan is returned (status ``"time_limit"``); the LP
+        value also serves as a lower bound.
+    libra_hint : bool
+        Run libra (recompute-only) at the budget first: its plan is a
+        starting solution (mapped to ``R``/``S``) and the plan returned when
+        the MILP ends worse or without a solution.
     threads : int or None
         Solver threads; None for the backend's default.
     coarsen : "auto", "none" or int
@@ -99,6 +116,7 @@ class CheckmateMILPOptions:
     max_nodes: int = 100
     values: str = "auto"
     verbose: bool = False
+    libra_hint: bool = True
 
 
 @dataclass
@@ -170,11 +188,16 @@ class CheckmateMILPSolver(Solver):
                                message="the no-remat plan fits the budget (no recomputation needed)",
                                extras={"coarsened": False})
         deadline = time.perf_counter() + o.time_limit_s
-        setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values)
+        setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values, budget_bytes=budget_bytes)
         g = setup.graph
         extras = dict(setup.describe(), backend=o.backend)
         heur = setup.heuristics()
         pool = list(heur)
+        if o.libra_hint:
+            pool += setup.libra_plans(budget_bytes)
+            libra = [c for c in pool if c.name == "libra"]
+            if libra:
+                extras["libra_time_s"] = libra[0].time_s
         lp_value_s = None
         if o.warm_start and g.min_stage_bytes() <= budget_bytes:
             # Checkmate's LP rounding (sec. 5) is cheap next to the MILP: a starting plan and a bound
@@ -204,7 +227,8 @@ class CheckmateMILPSolver(Solver):
             extras.update(num_vars=model.num_vars, num_rows=model.num_rows)
             hint = None
             if o.warm_start:
-                ok = [(c.time_s, c) for c in pool if model_peak_bytes(g, c.R, c.S) <= model_budget]
+                ok = [(c.time_s, c) for c in pool
+                      if c.R is not None and model_peak_bytes(g, c.R, c.S) <= model_budget]
                 if ok:
                     best = min(ok, key=lambda z: z[0])[1]
                     hint = model.assignment(best.R, best.S)
@@ -228,8 +252,18 @@ class CheckmateMILPSolver(Solver):
             res = _MipResult(None, "no_solution", None, None, False, res.engine)
 
         lb_scale = model.time_scale if model is not None else 1.0
-        if res is not None and res.bound is not None and abs(res.bound) < 1e20:
-            extras["best_bound_s"] = res.bound * lb_scale
+        bound_s = None
+        if res is not None and res.bound is not None and np.isfinite(res.bound) and abs(res.bound) < 1e20:
+            bound_s = extras["best_bound_s"] = res.bound * lb_scale
+
+        def lower_bound(time_s: float) -> float | None:
+            # a bound on the original problem only when the model was built on it; every node runs at
+            # least once, so the no-remat compute time is a bound too
+            if setup.coarsened or (res is not None and res.status == "infeasible"):
+                return None
+            bounds = [problem.total_compute_s] + [b for b in (bound_s, lp_value_s) if b is not None]
+            return min(max(bounds), time_s)
+
         if res is None or res.x is None:
             if fitting:
                 c = fitting[0]
@@ -238,15 +272,18 @@ class CheckmateMILPSolver(Solver):
                        "the MILP found no solution within the time limit")
                 c.schedule.meta.update({"solver": self.name})
                 status = TIME_LIMIT if res is not None and res.hit_time_limit else FEASIBLE
-                return RawSolution(c.schedule, status, None,
+                return RawSolution(c.schedule, status, lower_bound(c.time_s),
                                    f"{why}; returning the {c.name} plan, which the simulator accepts"
-                                   f"{setup.note()}", dict(extras, heuristic=c.name))
+                                   f"{setup.note()}", dict(extras, heuristic=c.name, returned=c.name))
             if res is not None and res.status == "infeasible":
                 raise setup.infeasible(budget_bytes, pool, "the Checkmate MILP is infeasible at this budget"
                                        + (f": {model.infeasible_reason}" if model.infeasible_reason else ""))
+            if setup.libra_min_feasible_bytes is not None:  # libra, too, calls the budget infeasible
+                raise setup.infeasible(budget_bytes, pool, "the MILP found no plan within the time limit and "
+                                       "libra finds none at this budget")
             raise SolverError(f"checkmate-milp found no plan within {o.time_limit_s} s, and neither the "
-                              f"heuristic plans nor the LP rounding fit the budget; raise time_limit_s or the "
-                              f"budget, or coarsen further (coarsen=<nodes>)")
+                              f"heuristic plans, libra's nor the LP rounding fit the budget; raise time_limit_s "
+                              f"or the budget, or coarsen further (coarsen=<nodes>)")
         status = OPTIMAL if res.status == "optimal" else (TIME_LIMIT if res.hit_time_limit else FEASIBLE)
         objective_s = res.objective * lb_scale if res.objective is not None else None
         extras.update(objective_s=objective_s)
@@ -261,15 +298,7 @@ class CheckmateMILPSolver(Solver):
             # optimal for the coarse model only: plans outside it (finer recompute) may be cheaper
             status = FEASIBLE
             msg += " on the coarsened graph"
-        lower = None
-        if not setup.coarsened:
-            # every node runs at least once, so the no-remat compute time is a bound too
-            bounds = [problem.total_compute_s]
-            if res.bound is not None and np.isfinite(res.bound) and abs(res.bound) < 1e20:
-                bounds.append(res.bound * lb_scale)
-            if lp_value_s is not None:
-                bounds.append(lp_value_s)
-            lower = min(max(bounds), cand.time_s)
+        lower = lower_bound(cand.time_s)
         cand.schedule.meta.update({"solver": self.name, "status": status})
         return RawSolution(cand.schedule, status, lower, msg + setup.note(), extras)
 
@@ -278,20 +307,84 @@ class CheckmateMILPSolver(Solver):
 # backends
 # ---------------------------------------------------------------------------
 def _solve_ortools(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions) -> _MipResult:
-    """Solve ``model`` with OR-Tools ``pywraplp`` (SCIP or CBC)."""
+    """Solve ``model`` with OR-Tools: SCIP through the vectorised model
+    builder (:func:`_solve_model_builder`), else CBC through ``pywraplp``."""
+    from ortools.linear_solver.python import model_builder_helper as mbh
+
+    if o.ortools_solver != "CBC" and mbh.ModelSolverHelper("scip").solver_is_supported():
+        return _solve_model_builder(model, hint, time_limit_s, o)
+    if o.ortools_solver == "SCIP":
+        from libra_opt.errors import SolverUnavailableError
+
+        raise SolverUnavailableError("OR-Tools was built without SCIP; use ortools_solver='CBC' or backend='pulp'")
+    return _solve_pywraplp(model, hint, time_limit_s, o)
+
+
+def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions) -> _MipResult:
+    """Solve ``model`` with OR-Tools' model builder: bounds, objective and the
+    CSR constraint matrix in one call
+    (``ModelBuilderHelper.fill_model_from_sparse_data``), the starting
+    solution as hints (``add_hint``), then ``ModelSolverHelper`` with SCIP.
+    The result carries the solver's best bound
+    (``best_objective_bound``) also when it stops without a solution.
+
+    Parameters
+    ----------
+    model : CheckmateModel
+    hint : ndarray of shape (num_vars,) or None
+    time_limit_s : float
+        Seconds, from the call (filling the model counts; SCIP gets at least 1 s).
+    o : CheckmateMILPOptions
+    """
+    from ortools.linear_solver.python import model_builder_helper as mbh
+
+    t_build = time.perf_counter()
+    helper = mbh.ModelBuilderHelper()
+    A = model.A.tocsr().astype(np.float64)
+    A.sort_indices()
+    helper.fill_model_from_sparse_data(model.lb, model.ub, model.obj, model.row_lb, model.row_ub, A)
+    for j in np.flatnonzero(model.integer):
+        helper.set_var_integrality(int(j), True)
+    if hint is not None:
+        for j, v in enumerate(np.asarray(hint, dtype=np.float64).tolist()):
+            helper.add_hint(j, v)
+    engine = "SCIP"
+    solver = mbh.ModelSolverHelper("scip")
+    time_limit_s = max(time_limit_s - (time.perf_counter() - t_build), 1.0)  # filling the model counts too
+    solver.set_time_limit_in_seconds(float(time_limit_s))
+    # SCIP's own SIGINT handler would end the solve quietly with its incumbent: leave Ctrl-C to Python
+    params = ["misc/catchctrlc = FALSE", f"limits/gap = {float(o.mip_gap)}"]
+    if o.threads is not None:
+        params.append(f"parallel/maxnthreads = {int(o.threads)}")
+    solver.set_solver_specific_parameters("\n".join(params) + "\n")
+    solver.enable_output(bool(o.verbose))
+    t0 = time.perf_counter()
+    run_interruptibly(lambda: solver.solve(helper), solver.interrupt_solve, f"OR-Tools {engine}")
+    took = time.perf_counter() - t0
+    hit = took >= 0.98 * time_limit_s
+    st = solver.status()
+    name = f"ortools-{engine}"
+    bound = solver.best_objective_bound() if solver.has_response() else None
+    bound = float(bound) if bound is not None and np.isfinite(bound) and abs(bound) < 1e20 else None
+    if st in (mbh.SolveStatus.OPTIMAL, mbh.SolveStatus.FEASIBLE) and solver.has_solution():
+        x = np.asarray(solver.variable_values(), dtype=np.float64)
+        status = "optimal" if st == mbh.SolveStatus.OPTIMAL else "feasible"
+        return _MipResult(x, status, float(solver.objective_value()), bound, hit and status != "optimal", name)
+    if st == mbh.SolveStatus.INFEASIBLE:
+        return _MipResult(None, "infeasible", None, None, False, name)
+    return _MipResult(None, "no_solution", None, bound, hit, name)
+
+
+def _solve_pywraplp(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMILPOptions) -> _MipResult:
+    """Solve ``model`` with OR-Tools ``pywraplp`` (CBC; one coefficient per call)."""
     from ortools.linear_solver import pywraplp
 
-    engines = ("SCIP", "CBC") if o.ortools_solver == "auto" else (o.ortools_solver,)
-    solver = None
-    engine = ""
-    for engine in engines:
-        solver = pywraplp.Solver.CreateSolver(engine)
-        if solver is not None:
-            break
+    engine = "CBC"
+    solver = pywraplp.Solver.CreateSolver(engine)
     if solver is None:
         from libra_opt.errors import SolverUnavailableError
 
-        raise SolverUnavailableError(f"OR-Tools was built without {' or '.join(engines)}; use backend='pulp'")
+        raise SolverUnavailableError("OR-Tools was built without SCIP or CBC; use backend='pulp'")
     inf = solver.infinity()
     xs = []
     for j in range(model.num_vars):
@@ -320,10 +413,6 @@ def _solve_ortools(model: CheckmateModel, hint, time_limit_s: float, o: Checkmat
     solver.SetTimeLimit(int(time_limit_s * 1000))
     params = pywraplp.MPSolverParameters()
     params.SetDoubleParam(pywraplp.MPSolverParameters.RELATIVE_MIP_GAP, float(o.mip_gap))
-    if engine == "SCIP":
-        # SCIP's own SIGINT handler would end the solve quietly with its incumbent ("feasible"):
-        # leave Ctrl-C to Python, which interrupts the solve and raises KeyboardInterrupt
-        solver.SetSolverSpecificParametersAsString("misc/catchctrlc = FALSE\n")
     t0 = time.perf_counter()
     st = run_interruptibly(lambda: solver.Solve(params), solver.InterruptSolve, f"OR-Tools {engine}")
     took = time.perf_counter() - t0

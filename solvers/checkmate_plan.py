@@ -22,6 +22,10 @@ section 5.2 (two-phase rounding: round ``S``, then derive the cheapest ``R``,
 - :func:`keep_all_s` / :func:`recompute_forward_s`: two heuristic plans (no
   rematerialization; recompute every forward value where it is used), used to warm-start
   the MILP and to report the smallest feasible budget found.
+- :func:`s_from_schedule`: the checkpoints ``S`` of any recompute-only plan
+  (e.g. libra's), on the model's graph, coarsened or not: with
+  :func:`rs_from_s` it turns libra's plan into a MILP starting solution
+  (:meth:`CheckmateSetup.libra_plans`).
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ from .checkmate_model import VALUE_GRANULARITIES, CheckmateGraph
 log = logging.getLogger(__name__)
 
 __all__ = ["solve_r_opt", "rs_from_s", "s_mask", "schedule_from_rs", "keep_all_s", "recompute_forward_s", "Candidate",
-           "CheckmateSetup", "no_remat_if_fits"]
+           "CheckmateSetup", "no_remat_if_fits", "s_from_schedule"]
 
 
 def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
@@ -155,6 +159,97 @@ def recompute_forward_s(graph: CheckmateGraph) -> np.ndarray:
     return keep_all_s(graph) & backward[None, :]
 
 
+def s_from_schedule(graph: CheckmateGraph, schedule: Schedule, coarse=None) -> np.ndarray:
+    """The checkpoint matrix ``S`` of a recompute-only plan.
+
+    Stage ``t`` of the model ends when node ``t`` (on a coarsened graph: the
+    last member of coarse node ``t``) runs for the first time; ``S[t, v]``
+    is 1 where value ``v`` (any tensor it stands for) is resident right after
+    the end of stage ``t - 1``, after the ``Free`` instructions that follow
+    it.  Complete it with :func:`rs_from_s` for a plan of the model; that
+    plan recomputes no more than ``schedule`` does for the same checkpoints
+    (``R`` is the least one for ``S``).
+
+    Parameters
+    ----------
+    graph : CheckmateGraph
+        The model's graph (on ``coarse.problem`` if ``coarse`` is given).
+    schedule : Schedule
+        A plan on the original problem with ``Compute`` / ``Free``
+        instructions only, first computations in node order.
+    coarse : CoarseProblem, optional
+        The coarsening ``graph`` was built on.
+
+    Returns
+    -------
+    ndarray of bool, shape (n, nv)
+
+    Raises
+    ------
+    SolverError
+        The plan swaps, or its first computations are not in node order.
+    """
+    from libra_opt.schedule import Op
+
+    n, nv = graph.n, graph.nv
+    if coarse is not None:
+        group_of = coarse.group_of()
+        last_member = [members[-1] for members in coarse.groups]
+        tensors_of = [tuple(x for c in graph.value_tensors[v] for x in coarse.tensor_map[c]) for v in range(nv)]
+    else:
+        group_of = list(range(n))
+        last_member = list(range(n))
+        tensors_of = [tuple(graph.value_tensors[v]) for v in range(nv)]
+    problem = coarse.original if coarse is not None else graph.problem
+    values_of: list[list[int]] = [[] for _ in range(len(problem.tensors))]
+    for v, xs in enumerate(tensors_of):
+        for x in xs:
+            values_of[x].append(v)
+    count = np.zeros(nv, dtype=np.int64)  # resident tensors of each value
+    resident: set[int] = set()
+
+    def drop(x: int) -> None:
+        if x in resident:
+            resident.discard(x)
+            for v in values_of[x]:
+                count[v] -= 1
+
+    S = np.zeros((n, nv), dtype=bool)
+    seen: set[int] = set()
+    instrs = list(schedule)
+    stage = 0  # the stage whose end is next
+    i = 0
+    while i < len(instrs) and stage < n:
+        ins = instrs[i]
+        i += 1
+        if ins.op == Op.FREE:
+            drop(ins.arg)
+            continue
+        if ins.op != Op.COMPUTE:
+            raise SolverError(f"s_from_schedule: the plan has a {ins.op.name} instruction; only recompute-only "
+                              f"plans map to Checkmate's R/S matrices")
+        k = ins.arg
+        for x in problem.nodes[k].outputs:
+            if x not in resident:
+                resident.add(x)
+                for v in values_of[x]:
+                    count[v] += 1
+        if k in seen:
+            continue
+        seen.add(k)
+        if group_of[k] > stage:
+            raise SolverError(f"s_from_schedule: node {k} first runs before the stage of node "
+                              f"{last_member[stage]} ends; its first computations are not in node order")
+        if k == last_member[stage]:
+            while i < len(instrs) and instrs[i].op == Op.FREE:
+                drop(instrs[i].arg)
+                i += 1
+            stage += 1
+            if stage < n:
+                S[stage] = count > 0
+    return S
+
+
 def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, meta: dict | None = None) -> Schedule:
     """Turn integral ``(R, S)`` into a schedule on ``graph.problem``.
 
@@ -243,8 +338,9 @@ class Candidate:
     Attributes
     ----------
     name : str
-    R, S : ndarray of bool, shapes (n, n) and (n, nv)
-        On the (possibly coarsened) problem the model was built on.
+    R, S : ndarray of bool, shapes (n, n) and (n, nv), or None
+        On the (possibly coarsened) problem the model was built on; None for
+        a plan made outside the model (libra's, :meth:`CheckmateSetup.libra_plans`).
     schedule : Schedule
         On the original problem.
     peak_bytes : int
@@ -254,8 +350,8 @@ class Candidate:
     """
 
     name: str
-    R: np.ndarray
-    S: np.ndarray
+    R: np.ndarray | None
+    S: np.ndarray | None
     schedule: Schedule
     peak_bytes: int
     time_s: float
@@ -280,6 +376,13 @@ class CheckmateSetup:
         Value granularity of :meth:`CheckmateGraph.from_problem`; ``"auto"``:
         ``"tensor"`` (exact) on the problem itself, ``"node"`` (fewer
         variables) on a coarsened problem.
+    budget_bytes : int, optional
+        The budget to plan for.  Coarse nodes hold more at once than their
+        members, so a coarse model can need more than the budget in some
+        stage (:meth:`CheckmateGraph.min_stage_bytes`) where the original
+        does not; the coarsening is then refined (the target raised by a
+        quarter at a time, up to no coarsening) until the coarse model meets that necessary bound,
+        so coarsening alone never makes a budget infeasible.
 
     Raises
     ------
@@ -287,7 +390,8 @@ class CheckmateSetup:
         ``coarsen`` or ``values`` is not one of the accepted values.
     """
 
-    def __init__(self, problem: RematProblem, coarsen, max_nodes: int, solver: str, values: str = "auto"):
+    def __init__(self, problem: RematProblem, coarsen, max_nodes: int, solver: str, values: str = "auto",
+                 budget_bytes: int | None = None):
         from .coarsen import coarsen as do_coarsen
 
         if values not in ("auto",) + VALUE_GRANULARITIES:
@@ -306,14 +410,26 @@ class CheckmateSetup:
                 raise SolverOptionError(f"coarsen must be a positive number of nodes, got {coarsen}")
             if coarsen < problem.num_nodes:
                 target = coarsen
-        if target is not None:
-            self.coarse = do_coarsen(problem, target)
+        granularity = values
+        self.refined_from = None
+        self.libra_min_feasible_bytes: int | None = None
+        while True:
+            self.coarse = do_coarsen(problem, target) if target is not None else None
+            self.work = self.coarse.problem if self.coarse is not None else problem
+            values = granularity if granularity != "auto" else ("node" if self.coarse is not None else "tensor")
+            self.graph = CheckmateGraph.from_problem(self.work, values)
+            if self.coarse is None:
+                break
             log.info("%s: coarsened %d nodes to %d for the Checkmate model", solver, problem.num_nodes,
                      self.coarse.problem.num_nodes)
-        self.work = self.coarse.problem if self.coarse is not None else problem
-        if values == "auto":
-            values = "node" if self.coarse is not None else "tensor"
-        self.graph = CheckmateGraph.from_problem(self.work, values)
+            if budget_bytes is None or self.graph.min_stage_bytes() <= budget_bytes:
+                break
+            # the coarse model needs more than the budget in some stage: refine (up to no coarsening)
+            log.info("%s: a stage of the %d-node coarse model needs %d bytes > the budget %d; refining", solver,
+                     self.work.num_nodes, self.graph.min_stage_bytes(), budget_bytes)
+            self.refined_from = self.refined_from or target
+            target = target + max(target // 4, 1)
+            target = target if target < problem.num_nodes else None
 
     @property
     def coarsened(self) -> bool:
@@ -322,9 +438,12 @@ class CheckmateSetup:
 
     def describe(self) -> dict:
         """Extras for the result: whether and how much the problem was coarsened."""
-        return {"coarsened": self.coarsened, "model_nodes": self.work.num_nodes,
-                "original_nodes": self.original.num_nodes, "values": self.graph.values,
-                "model_values": self.graph.nv}
+        out = {"coarsened": self.coarsened, "model_nodes": self.work.num_nodes,
+               "original_nodes": self.original.num_nodes, "values": self.graph.values,
+               "model_values": self.graph.nv}
+        if self.refined_from is not None:
+            out["coarsen_refined_from"] = self.refined_from
+        return out
 
     def note(self) -> str:
         """A sentence for the result message ('' if not coarsened)."""
@@ -349,12 +468,57 @@ class CheckmateSetup:
             out.append(self.candidate(name, R, S, {"heuristic": name}))
         return out
 
+    def libra_plans(self, budget_bytes: int) -> list[Candidate]:
+        """libra's recompute-only plan at ``budget_bytes`` (Checkmate plans
+        recompute only), as two candidates: ``"libra"``, libra's schedule
+        itself (``R``/``S`` None: it may lie outside the model, e.g. when the
+        graph is coarsened), and ``"libra (R/S)"``, its checkpoints on the
+        model's graph (:func:`s_from_schedule`) completed with
+        :func:`rs_from_s` (the least recomputation for them): a starting
+        solution for the MILP.  The second is left out when it cannot be made.
+
+        When libra finds no plan, nothing is returned and the smallest budget
+        it found feasible is kept in :attr:`libra_min_feasible_bytes` for
+        :meth:`infeasible`.
+
+        Source: the libra solver (:mod:`libra_opt.solvers`, ``policy="recompute"``).
+
+        Returns
+        -------
+        list of Candidate
+        """
+        from .registry import get_solver
+
+        self.libra_min_feasible_bytes = None
+        try:
+            res = get_solver("libra", policy="recompute").solve(self.original, int(budget_bytes))
+        except InfeasibleBudgetError as e:
+            self.libra_min_feasible_bytes = e.min_feasible_bytes
+            return []
+        except SolverError as e:  # a reference plan only: the Checkmate solver goes on without it
+            log.info("%s: no libra plan to start from: %s", self.solver, e)
+            return []
+        sched = res.schedule
+        sim = simulate(self.original, sched)
+        out = [Candidate("libra", None, None, sched, sim.peak_bytes, sim.time_s)]
+        try:
+            R, S = rs_from_s(self.graph, s_from_schedule(self.graph, sched, self.coarse))
+            out.append(self.candidate("libra (R/S)", R, S, {"heuristic": "libra (R/S)"}))
+        except SolverError as e:
+            log.info("%s: libra's plan does not map to R/S: %s", self.solver, e)
+        return out
+
     def infeasible(self, budget_bytes: int, plans: list[Candidate], detail: str) -> InfeasibleBudgetError:
         """The error for a budget no plan was found for; ``min_feasible_bytes``
         is the smallest simulated peak among ``plans`` (the heuristic plans,
-        and the LP rounding if one was made): a budget shown feasible, or None
-        if there are none."""
-        peaks = [c.peak_bytes for c in plans]
+        and the LP rounding if one was made), libra's smallest feasible budget
+        (if :meth:`libra_plans` ran) and the no-remat peak: a budget shown
+        feasible, never above the no-remat peak."""
+        from libra_opt.simulator import no_remat_peak
+
+        peaks = [c.peak_bytes for c in plans] + [no_remat_peak(self.original)]
+        if self.libra_min_feasible_bytes is not None:
+            peaks.append(int(self.libra_min_feasible_bytes))
         best = min(peaks) if peaks else None
         if best is not None and best <= budget_bytes:  # should have been returned instead
             best = None

@@ -452,3 +452,85 @@ def test_coarsened_aten_graph():
         assert "coarsened" in r.message
         assert r.lower_bound_s is None  # the coarse model's bound is no bound for the original
     assert milp.time_s <= lp.time_s * (1 + 1e-9)
+
+
+# --------------------------------------------------------------------------- random layered graphs (issue 12)
+def test_libra_plan_maps_to_rs_at_no_extra_cost():
+    """libra's recompute-only plan read as checkpoints S (s_from_schedule) and completed with the least R
+    is a plan of the model that fits the budget and costs no more than libra's own."""
+    from libra_opt.generators import random_layered_graph
+    from libra_opt.solvers.checkmate_plan import CheckmateSetup
+
+    p = random_layered_graph(60, seed=1)
+    budget = int(0.85 * no_remat_peak(p))
+    setup = CheckmateSetup(p, "none", 100, "test", budget_bytes=budget)
+    libra, mapped = setup.libra_plans(budget)
+    assert (libra.name, mapped.name) == ("libra", "libra (R/S)")
+    assert libra.peak_bytes <= budget
+    assert model_peak_bytes(setup.graph, mapped.R, mapped.S) <= budget
+    assert mapped.time_s <= libra.time_s * (1 + 1e-9)
+    assert simulate(p, mapped.schedule, budget=budget).peak_bytes <= budget
+
+
+def test_milp_starts_from_libra_and_is_never_worse():
+    """A MILP stopped by a tiny time limit still returns a plan no costlier than libra's, and libra's
+    plan (as R/S) was its starting solution."""
+    from libra_opt.generators import random_layered_graph
+
+    p = random_layered_graph(60, seed=1)
+    budget = int(0.85 * no_remat_peak(p))
+    libra = solve(p, budget, "libra", policy="recompute")
+    r = solve(p, budget, "checkmate-milp", time_limit_s=1.0)
+    check_plan(p, r)
+    assert r.extras["warm_start"] == "libra (R/S)"
+    assert r.time_s <= libra.time_s * (1 + 1e-9)
+    assert r.status in ("optimal", "feasible", "time_limit")
+
+
+def test_coarsening_never_makes_a_plannable_budget_infeasible():
+    """80 random layered nodes coarsened to 20: a coarse stage needs 1.3x the no-remat peak, so the
+    coarse model alone calls 0.9 infeasible; the coarsening is refined and both solvers plan it."""
+    from libra_opt.generators import random_layered_graph
+    from libra_opt.solvers.checkmate_plan import CheckmateSetup
+    from libra_opt.solvers.coarsen import coarsen
+
+    p = random_layered_graph(80, seed=0)
+    budget = int(0.9 * no_remat_peak(p))
+    assert CheckmateGraph.from_problem(coarsen(p, 20).problem, "node").min_stage_bytes() > budget
+    setup = CheckmateSetup(p, 20, 100, "test", budget_bytes=budget)
+    assert setup.graph.min_stage_bytes() <= budget and setup.describe()["coarsen_refined_from"] == 20
+    libra = solve(p, budget, "libra", policy="recompute")
+    for solver, opts in (("checkmate-milp", dict(time_limit_s=3.0)), ("checkmate-lp", dict(time_limit_s=3.0))):
+        r = solve(p, budget, solver, coarsen=20, **opts)
+        check_plan(p, r)
+        assert r.time_s <= libra.time_s * (1 + 1e-9)
+
+
+def test_stated_minimum_is_never_above_the_no_remat_peak():
+    """Below what any plan reaches, the coarsened MILP's smallest feasible budget is one a plan met and
+    never above the no-remat peak (the coarse heuristics alone stated more)."""
+    from libra_opt.generators import random_layered_graph
+
+    p = random_layered_graph(80, seed=0)
+    peak = no_remat_peak(p)
+    with pytest.raises(InfeasibleBudgetError) as ei:
+        solve(p, int(0.05 * peak), "checkmate-milp", coarsen=20, time_limit_s=2.0)
+    m = ei.value.min_feasible_bytes
+    assert m is not None and m <= peak
+    r = solve(p, m, "libra", policy="recompute")
+    assert r.peak_bytes <= m
+
+
+def test_time_limited_solves_return_a_plan_not_an_error():
+    """With a 1.5 s limit on 150 random layered nodes (no coarsening), neither Checkmate solver ends in
+    SolverError: each returns the best plan it has, libra's at worst, with its status."""
+    from libra_opt.generators import random_layered_graph
+
+    p = random_layered_graph(150, seed=0)
+    budget = int(0.9 * no_remat_peak(p))
+    libra = solve(p, budget, "libra", policy="recompute")
+    for solver in ("checkmate-milp", "checkmate-lp"):
+        r = solve(p, budget, solver, coarsen="none", time_limit_s=1.5)
+        check_plan(p, r)
+        assert r.status in ("optimal", "feasible", "time_limit")
+        assert r.time_s <= libra.time_s * (1 + 1e-9)

@@ -73,16 +73,16 @@ def test_ctrl_c_stops_the_ortools_milp_command_without_a_plan(tmp_path):
     plan = tmp_path / "plan.json"
     driver = """
         import sys
-        from ortools.linear_solver import pywraplp
+        from ortools.linear_solver.python import model_builder_helper
         from libra_opt.cli import main
 
-        solve = pywraplp.Solver.Solve
+        solve = model_builder_helper.ModelSolverHelper.solve
 
         def announced(*args, **kwargs):
             print("MILP-START", file=sys.stderr, flush=True)
             return solve(*args, **kwargs)
 
-        pywraplp.Solver.Solve = announced
+        model_builder_helper.ModelSolverHelper.solve = announced
         sys.exit(main(sys.argv[1:]))
     """
     r = _interrupt(driver, ["solve", PROBLEM, "--budget", BUDGET, "--solver", "checkmate-milp", "--time-limit", "10",

@@ -31,7 +31,9 @@ the eager (keep-everything) plan greedily from its profiled peak:
 :meth:`LibraSolver.solve_many` plans many budgets from one descent: the
 decision set is recorded when the peak first drops under each budget, and
 each is finished as a single solve would, so results equal single-budget
-solves.
+solves, but for one thing: a plan for a lower budget fits every higher one,
+so the sweep returns, for each budget, the cheapest plan found for it or any
+lower budget (monotone in cost).
 
 Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent and its
 snapshots), :mod:`~libra_opt.solvers.libra_finish` (undo pass, segment-wise
@@ -68,8 +70,8 @@ from typing import Sequence
 
 from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.problem import RematProblem
-from libra_opt.schedule import no_remat_schedule
-from libra_opt.simulator import no_remat_peak
+from libra_opt.schedule import Schedule, no_remat_schedule
+from libra_opt.simulator import no_remat_peak, simulate
 from libra_opt.units import parse_budget
 
 from .base import Solver
@@ -308,7 +310,10 @@ class LibraSolver(Solver):
                    ) -> list[SolveResult]:
         """One result per budget, in the order given, from **one** descent: the
         decision set is recorded when the peak first drops under each budget,
-        and finished exactly as :meth:`solve` would (equal results).
+        and finished exactly as :meth:`solve` would (equal results), except
+        that the sweep is monotone in cost: where a lower budget's plan is
+        cheaper, it is returned for the higher budget too (it fits;
+        ``extras["from_budget_bytes"]`` says where it was planned).
 
         Parameters
         ----------
@@ -353,6 +358,32 @@ class LibraSolver(Solver):
                 out.append(self._infeasible(b, e, base_s + time.perf_counter() - t1))
                 continue
             out.append(self._finish(problem, b, raw, base_s + time.perf_counter() - t1))
+        return self._monotone(problem, out)
+
+    def _monotone(self, problem: RematProblem, results: list[SolveResult]) -> list[SolveResult]:
+        """Make the sweep monotone in cost: a plan for a lower budget fits every
+        higher one, so where the plan found for a budget costs more (simulated
+        added time) than one found for a lower budget, the cheaper plan is
+        returned for it too, re-simulated against the higher budget
+        (``extras["from_budget_bytes"]`` names the budget it was planned for).
+        A cumulative minimum over the budgets from low to high."""
+        best = None
+        out = list(results)
+        for i in sorted(range(len(out)), key=lambda k: out[k].budget_bytes):
+            r = out[i]
+            if r.schedule is None:
+                continue
+            if best is None or r.added_s <= best.added_s:
+                best = r
+                continue
+            sched = Schedule(best.schedule.instructions, dict(best.schedule.meta, budget_bytes=int(r.budget_bytes)))
+            sim = simulate(problem, sched, budget=r.budget_bytes)
+            extras = dict(best.extras, from_budget_bytes=int(best.budget_bytes))
+            out[i] = dataclasses.replace(best, schedule=sched, budget_bytes=r.budget_bytes, simulation=sim,
+                                         peak_bytes=sim.peak_bytes, time_s=sim.time_s, added_s=sim.added_s,
+                                         solve_s=r.solve_s, extras=extras,
+                                         message=f"{best.message}; the plan found for the lower budget of "
+                                                 f"{best.budget_bytes} bytes (cheaper than this budget's own)")
         return out
 
 

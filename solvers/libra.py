@@ -53,7 +53,13 @@ with a fallback descent without them for budgets they keep the descent from
 reaching; after the descent, a tensor a chain would regenerate from scratch may
 instead be kept resident past its last use until that chain (*retention*,
 Checkmate's S); in hybrid mode a *portfolio* also runs the recompute-only and
-swap-only descents and returns the cheapest simulated plan.
+swap-only descents and returns the cheapest simulated plan, and holds the
+built-in baselines' plans (:class:`~libra_opt.solvers.baselines.BaselinePlan`,
+built once per solve or sweep): ``swap-all``'s at every budget (two
+lowerings), and where no descent meets a budget ``checkpoint-all``'s and,
+where one of those meets it, ``chen-sqrt``'s and ``chen-greedy``'s, so hybrid
+reaches as low as every single policy and baseline and costs no more than the
+baselines it compares with.
 
 Limits: greedy, so not optimal (compare ``checkmate-milp``); the estimate
 mirrors the lowering and the simulator but can drift where swap-ins collide
@@ -64,10 +70,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from libra_opt.bounds import memory_lower_bound
 from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.problem import RematProblem
 from libra_opt.schedule import Schedule, no_remat_schedule
@@ -75,10 +83,13 @@ from libra_opt.simulator import no_remat_peak, simulate
 from libra_opt.units import parse_budget
 
 from .base import Solver
+from .baselines import BaselinePlan
 from .libra_finish import _Plan, _Snapshot
 from .libra_refine import _Refiner
-from .registry import register_solver
+from .registry import register_solver, solver_class
 from .result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
+
+log = logging.getLogger(__name__)
 
 POLICY_MODES = ("hybrid", "recompute", "swap")
 WINDOW_MODES = ("auto", "default", "all")
@@ -146,8 +157,12 @@ class LibraOptions:
     portfolio : bool
         Hybrid mode only: also refine with recomputation only and with
         swapping only, and return the cheapest of the three plans (estimated
-        added time), so hybrid is never worse than either policy alone.  The
-        result's ``extras["descent"]`` says which descent the plan came from.
+        added time), so hybrid is never worse than either policy alone; and
+        compare with the built-in baselines' plans (``swap-all`` at every
+        budget; ``checkpoint-all``, ``chen-sqrt``, ``chen-greedy`` where no
+        descent meets the budget: see the module docstring).  The result's
+        ``extras["descent"]`` says which descent (or baseline) the plan came
+        from.  ``max_steps`` and ``time_limit_s`` bound the descents only.
     """
 
     policy: str = "hybrid"
@@ -174,6 +189,47 @@ class LibraOptions:
             raise SolverError(f"libra: swap_overlap_margin must be >= 0, got {self.swap_overlap_margin!r}")
         if not isinstance(self.max_repair_steps, int) or self.max_repair_steps < 0:
             raise SolverError(f"libra: max_repair_steps must be a non-negative int, got {self.max_repair_steps!r}")
+
+
+#: the built-in baselines hybrid's portfolio holds
+PORTFOLIO_BASELINES = ("swap-all", "checkpoint-all", "chen-sqrt", "chen-greedy")
+#: compared at every budget (cheap: two lowerings)
+ALWAYS_COMPARED = ("swap-all",)
+#: built where no descent meets a budget: the least memory of each policy
+REACH_BASELINES = ("swap-all", "checkpoint-all")
+
+
+class _BaselinePool:
+    """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.plans`
+    and its siblings: each a fixed set of budget-independent plans), built
+    lazily, once per solve or sweep, and shared by its budgets."""
+
+    def __init__(self, problem: RematProblem):
+        self.problem = problem
+        self.floor = memory_lower_bound(problem)   # below it nothing fits: no baseline is built
+        self._plans: dict[str, list[BaselinePlan]] = {}
+
+    def plans(self, name: str) -> list[BaselinePlan]:
+        """Every plan of baseline ``name``; none (logged) where building them fails."""
+        if name not in self._plans:
+            try:
+                self._plans[name] = list(solver_class(name)().plans(self.problem))
+            except Exception as e:   # a baseline's bug must not take libra's own plan down with it
+                log.warning("libra: baseline %r failed on %r (%s: %s); left out of the portfolio", name,
+                            self.problem.name, type(e).__name__, e)
+                self._plans[name] = []
+        return self._plans[name]
+
+    def best(self, names: Sequence[str], budget: int) -> tuple[str, BaselinePlan] | None:
+        """The cheapest plan (simulated added seconds) of ``names`` within ``budget`` bytes."""
+        fit = [(p.simulation.added_s, k, name, p) for k, name in enumerate(names) for p in self.plans(name)
+               if p.simulation.peak_bytes <= budget]
+        return min(fit, key=lambda c: c[:2])[2:] if fit else None
+
+    def min_peak(self, names: Sequence[str]) -> int | None:
+        """The smallest simulated peak among the plans of ``names`` (bytes)."""
+        peaks = [p.simulation.peak_bytes for name in names for p in self.plans(name)]
+        return min(peaks) if peaks else None
 
 
 @register_solver("libra")
@@ -258,12 +314,42 @@ class LibraSolver(Solver):
         snaps = self._descend_all(refs, [budget_bytes])
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         refs, snaps = refs + more, snaps + more_snaps
-        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes)
+        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, self._pool(problem))
 
-    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution:
+    def _pool(self, problem: RematProblem) -> _BaselinePool | None:
+        """The baselines' plans hybrid's portfolio compares with (``None`` outside it)."""
+        if self.options.policy == "hybrid" and self.options.portfolio:
+            return _BaselinePool(problem)
+        return None
+
+    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
+              pool: _BaselinePool | None = None) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
-        the end of a descent (with, then without the undo pass)."""
+        the end of a descent (with, then without the undo pass).  With a
+        baseline ``pool`` (hybrid's portfolio), a baseline's plan where it is
+        cheaper: ``swap-all``'s at every budget; where no descent meets the
+        budget, ``swap-all``'s or ``checkpoint-all``'s (the least memory of
+        each policy) and, where one of them meets it, the cheapest of every
+        baseline's that does."""
+        found = self._libra_plan(refs, snaps, budget)
+        if pool is not None and budget >= pool.floor:
+            hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget)
+            if found is None and hit is not None:
+                hit = pool.best(PORTFOLIO_BASELINES, budget)   # one meets it: the checkpointing ones may be cheaper
+            if hit is not None and (found is None or hit[1].simulation.added_s < found.simulation.added_s):
+                return self._baseline_raw(*hit)
+        if found is not None:
+            return found
+        least = min(ref.min_feasible_bytes() for ref in refs)
+        if pool is not None:
+            least = min(least, pool.min_peak(REACH_BASELINES) or least)
+        raise InfeasibleBudgetError(budget, least, self.name,
+                                    f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
+                                    + (", and the baselines of the portfolio" if pool is not None else ""))
+
+    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution | None:
+        """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
         cands = []
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
             if snap is not None:
@@ -286,8 +372,18 @@ class LibraSolver(Solver):
             if ref.min_feasible_bytes() <= budget:
                 plan = ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
                 return self._raw(plan, ref.opts.policy)
-        raise InfeasibleBudgetError(budget, min(ref.min_feasible_bytes() for ref in refs), self.name,
-                                    f"{refs[0].step} refinement steps, policy {self.options.policy!r}")
+        return None
+
+    def _baseline_raw(self, name: str, plan: BaselinePlan) -> RawSolution:
+        """A baseline's plan as this solver's result (``extras["descent"]`` is the baseline's name)."""
+        sim = plan.simulation
+        extras = dict(decisions=[], retained=[], estimated_peak_bytes=int(sim.peak_bytes),
+                      estimated_added_s=float(sim.added_s), steps=0, undone=0, repairs=0,
+                      policy=self.options.policy, descent=name, baseline=dict(plan.extras))
+        sched = Schedule(plan.schedule.instructions, dict(plan.schedule.meta, solver=self.name))
+        sched.meta["libra"] = dict(policy=self.options.policy, descent=name, decisions=[])
+        return RawSolution(schedule=sched, status=FEASIBLE, message=f"the {name} baseline's plan: {plan.message}",
+                           extras=extras, simulation=sim)
 
     def _raw(self, plan: _Plan, descent: str) -> RawSolution:
         decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
@@ -342,6 +438,7 @@ class LibraSolver(Solver):
         more, more_snaps = self._fallbacks(problem, refs, bb, snaps)
         refs, snaps = refs + more, snaps + more_snaps
         spent = [ref.clock_s() for ref in refs]
+        pool = self._pool(problem)
         out = []
         for b in bb:
             t1 = time.perf_counter()
@@ -351,7 +448,7 @@ class LibraSolver(Solver):
             base_s = sum(snap.elapsed_s if snap is not None else (spent[k] if ref.asked is None or b in ref.asked else 0.0)
                          for k, (ref, snap) in enumerate(zip(refs, these)))
             try:
-                raw = self._plan(refs, these, b)
+                raw = self._plan(refs, these, b, pool)
             except InfeasibleBudgetError as e:
                 if raise_on_infeasible:
                     raise

@@ -71,6 +71,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -310,11 +311,82 @@ class LibraSolver(Solver):
                                        descent=self.options.policy))
 
     def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        pool = self._pool(problem)
+        try:
+            return self._solve_at(problem, budget_bytes, pool)
+        except InfeasibleBudgetError as e:
+            raise self._tightened(problem, e, pool) from None
+
+    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None) -> RawSolution:
+        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``."""
         refs = self._refiners(problem)
         snaps = self._descend_all(refs, [budget_bytes])
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         refs, snaps = refs + more, snaps + more_snaps
-        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, self._pool(problem))
+        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
+
+    #: rounds of the tightening of a stated minimum budget (each one set of descents)
+    TIGHTEN_ROUNDS = 3
+    #: budgets planned per round
+    TIGHTEN_GRID = 8
+    #: a stated minimum ``m`` is tight when 0.99 ``m`` is at or under a budget found infeasible
+    TIGHTEN_REL = 0.01
+    _tight_detail = "the smallest budget it plans, verified"
+
+    def _first_planned(self, problem: RematProblem, budgets: list[int], pool: _BaselinePool | None) -> int | None:
+        """The smallest of ``budgets`` a solve meets, from one set of descents
+        recording all of them (as :meth:`solve_many`; equal to single solves),
+        or ``None``."""
+        refs = self._refiners(problem)
+        snaps = self._descend_all(refs, budgets)
+        more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
+        refs, snaps = refs + more, snaps + more_snaps
+        for b in sorted(budgets):
+            try:
+                self._plan(refs, [s.get(b) for s in snaps], b, pool)
+                return b
+            except InfeasibleBudgetError:
+                continue
+        return None
+
+    def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError,
+                   pool: _BaselinePool | None) -> InfeasibleBudgetError:
+        """``err`` with a ``min_feasible_bytes`` that is a budget this solver
+        then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
+
+        The descents' stated minimum (the simulated peak of their lowest plan)
+        may not be met by a solve at it, and is often above budgets a solve
+        meets.  Each round plans a geometric grid of :attr:`TIGHTEN_GRID`
+        budgets from the highest budget known infeasible (at least the memory
+        floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
+        known plannable, from one set of descents, and keeps the smallest one
+        met; at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
+        Where the stated minimum itself is not met, the grid goes up to the
+        no-remat peak, which the descents always meet.  Skipped (the stated
+        minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
+        descents."""
+        if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
+            return err
+        floor = memory_lower_bound(problem)
+        lo, hi = max(int(err.budget_bytes), floor - 1), int(err.min_feasible_bytes)
+        verified, rounds = False, 0
+        while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
+            rounds += 1
+            top = hi if verified else max(hi, no_remat_peak(problem))
+            k = self.TIGHTEN_GRID
+            grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(top) - math.log(max(lo, 1)))
+                                                     * i / k))), lo + 1), top) for i in range(1, k + 1)}
+                          | ({hi} if not verified else set()))
+            found = self._first_planned(problem, grid, pool)
+            if found is None:
+                break   # not even the top of the grid: keep what is known
+            below = [g for g in grid if g < found]
+            lo, hi, verified = max([lo] + below), found, True
+        if not verified:
+            return err
+        return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
+                                     f"{self._tight_detail} ({rounds} rounds; the highest budget found infeasible "
+                                     f"is {lo} bytes)")
 
     def _pool(self, problem: RematProblem) -> _BaselinePool | None:
         """The baselines' plans hybrid's portfolio compares with (``None`` outside it)."""
@@ -439,7 +511,7 @@ class LibraSolver(Solver):
         refs, snaps = refs + more, snaps + more_snaps
         spent = [ref.clock_s() for ref in refs]
         pool = self._pool(problem)
-        out = []
+        out, missed = [], []
         for b in bb:
             t1 = time.perf_counter()
             these = [s.get(b) for s in snaps]
@@ -451,10 +523,20 @@ class LibraSolver(Solver):
                 raw = self._plan(refs, these, b, pool)
             except InfeasibleBudgetError as e:
                 if raise_on_infeasible:
-                    raise
-                out.append(self._infeasible(b, e, base_s + time.perf_counter() - t1))
+                    raise self._tightened(problem, e, pool) from None
+                missed.append((len(out), e, base_s + time.perf_counter() - t1))
+                out.append(None)
                 continue
             out.append(self._finish(problem, b, raw, base_s + time.perf_counter() - t1))
+        if missed:   # one tightening for the sweep, from its highest infeasible budget
+            t1 = time.perf_counter()
+            top = max(missed, key=lambda m: m[1].budget_bytes)
+            tight = self._tightened(problem, top[1], pool)
+            extra_s = time.perf_counter() - t1
+            for i, e, s in missed:
+                if tight is not top[1]:
+                    e = InfeasibleBudgetError(e.budget_bytes, tight.min_feasible_bytes, self.name, self._tight_detail)
+                out[i] = self._infeasible(e.budget_bytes, e, s + (extra_s if e.budget_bytes == top[1].budget_bytes else 0.0))
         return self._monotone(problem, out)
 
     def _monotone(self, problem: RematProblem, results: list[SolveResult]) -> list[SolveResult]:

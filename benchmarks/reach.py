@@ -3,7 +3,7 @@ fraction of the no-remat peak) and its added time at 0.5 and 0.3.
 
 Usage::
 
-    python benchmarks/reach.py                       # the four h100 problems
+    python benchmarks/reach.py                       # the four h100 problems -> results/reach.md
     python benchmarks/reach.py --layered 500         # + a random layered graph, copies as slow as compute
     python benchmarks/reach.py --problems problems/h100_resnet50_b128.json.gz
 
@@ -43,7 +43,7 @@ def reach(problem, name, opts):
     return floor if r.status != "infeasible" else r.min_feasible_bytes
 
 
-def row(problem, name, opts):
+def row(problem, name, opts) -> str:
     peak = no_remat_peak(problem)
     step = simulate(problem, no_remat_schedule(problem)).time_s
     t0 = time.perf_counter()
@@ -53,20 +53,23 @@ def row(problem, name, opts):
         r = get_solver(name, **opts).solve(problem, f, raise_on_infeasible=False)
         cells.append("-" if r.status == "infeasible" else f"{r.added_s / step:.4f}")
     label = name + (f"[{opts['policy']}]" if opts else "")
-    print(f"| {problem.name[:40]} | {label} | {rb / peak:.4f} | {cells[0]} | {cells[1]} | {time.perf_counter() - t0:.1f} |",
-          flush=True)
+    line = f"| {problem.name[:40]} | {label} | {rb / peak:.4f} | {cells[0]} | {cells[1]} | {time.perf_counter() - t0:.1f} |"
+    print(line, flush=True)
+    return line
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problems", nargs="*", default=sorted(glob.glob("problems/h100_*.json.gz")))
     ap.add_argument("--layered", type=int, nargs="*", default=[])
+    ap.add_argument("-o", "--out", default="benchmarks/results/reach.md", help="markdown table written here")
     a = ap.parse_args(argv)
     probs = [load_problem(p) for p in a.problems] + [layered(n) for n in a.layered]
-    print("| problem | solver | reach (x peak) | added @0.5 | added @0.3 | s |\n|---|---|---|---|---|---|")
-    for p in probs:
-        for name, opts in POLICIES:
-            row(p, name, opts)
+    lines = ["| problem | solver | reach (x peak) | added @0.5 | added @0.3 | s |", "|---|---|---|---|---|---|"]
+    print("\n".join(lines))
+    lines += [row(p, name, opts) for p in probs for name, opts in POLICIES]
+    with open(a.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

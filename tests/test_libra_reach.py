@@ -91,8 +91,9 @@ def test_hybrid_never_costlier_than_a_baseline_it_holds():
 @pytest.mark.parametrize("policy", ["hybrid", "recompute", "swap"])
 def test_stated_minimum_is_met_and_tight(policy):
     """Where a budget is infeasible, the stated minimum is a budget the solver then meets, and
-    0.99 of it is not (or it is within 1% of the memory floor)."""
-    p = slow_layered(120, 2)
+    0.99 of it is not (or it is within 1% of the memory floor).  On this graph hybrid's descents
+    stop at 0.612 of the peak, and a solve meets 0.547."""
+    p = slow_layered(120, 0)
     solver = get_solver("libra", policy=policy)
     floor = memory_lower_bound(p)
     with pytest.raises(InfeasibleBudgetError) as info:

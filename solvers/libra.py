@@ -328,7 +328,7 @@ class LibraSolver(Solver):
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
     #: budgets planned per round
-    TIGHTEN_GRID = 8
+    TIGHTEN_GRID = 24
     #: a stated minimum ``m`` is tight when 0.99 ``m`` is at or under a budget found infeasible
     TIGHTEN_REL = 0.01
     _tight_detail = "the smallest budget it plans, verified"
@@ -361,25 +361,26 @@ class LibraSolver(Solver):
         floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
         known plannable, from one set of descents, and keeps the smallest one
         met; at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
-        Where the stated minimum itself is not met, the grid goes up to the
-        no-remat peak, which the descents always meet.  Skipped (the stated
+        Where the stated minimum itself is not met, the next round looks
+        above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
         descents."""
         if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
             return err
         floor = memory_lower_bound(problem)
         lo, hi = max(int(err.budget_bytes), floor - 1), int(err.min_feasible_bytes)
-        verified, rounds = False, 0
+        verified, rounds, peak = False, 0, no_remat_peak(problem)
         while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
             rounds += 1
-            top = hi if verified else max(hi, no_remat_peak(problem))
             k = self.TIGHTEN_GRID
-            grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(top) - math.log(max(lo, 1)))
-                                                     * i / k))), lo + 1), top) for i in range(1, k + 1)}
-                          | ({hi} if not verified else set()))
+            grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
+                                                     * i / k))), lo + 1), hi) for i in range(1, k + 1)})
             found = self._first_planned(problem, grid, pool)
-            if found is None:
-                break   # not even the top of the grid: keep what is known
+            if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
+                if hi >= peak:
+                    break
+                lo, hi = hi, peak
+                continue
             below = [g for g in grid if g < found]
             lo, hi, verified = max([lo] + below), found, True
         if not verified:

@@ -248,8 +248,10 @@ class LibraSolver(Solver):
     Raises
     ------
     InfeasibleBudgetError
-        The descent cannot get under the budget; ``min_feasible_bytes`` is the
-        simulated peak of the lowest plan it reached.
+        No descent (nor, in hybrid mode, baseline) gets under the budget;
+        ``min_feasible_bytes`` is a budget a solve then meets, within 1% of
+        the smallest one found plannable (:meth:`_tightened`; as the
+        descents stated it where ``max_steps`` or ``time_limit_s`` is set).
     """
 
     name = "libra"

@@ -445,7 +445,8 @@ class LibraSolver(Solver):
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
-                plan = ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
+                plan = (ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
+                        or ref.as_lowered(final))   # the plan min_feasible_bytes measured
                 return self._raw(plan, ref.opts.policy)
         return None
 

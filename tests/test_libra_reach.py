@@ -107,3 +107,30 @@ def test_stated_minimum_is_met_and_tight(policy):
     rs = solver.solve_many(p, [floor // 2, floor // 3, m])
     assert rs[0].min_feasible_bytes == rs[1].min_feasible_bytes and rs[2].success
     assert rs[0].min_feasible_bytes <= 1.01 * m
+
+
+def test_cli_explain_names_a_baseline_plan(tmp_path, capsys):
+    """``libra-opt solve --explain`` says where hybrid's plan is a baseline's rather than listing
+    no evictions (here ``swap-all``'s is the cheapest plan at 0.6 of the peak)."""
+    from libra_opt.cli import main
+    from libra_opt.problem_io import save_problem
+
+    p = slow_layered(200, 2)
+    r = get_solver("libra").solve(p, 0.6)
+    assert r.extras["descent"] == "swap-all" and r.schedule.counts()["swap_out"] > 0
+    path = tmp_path / "p.json.gz"
+    save_problem(p, path)
+    assert main(["solve", str(path), "--budget", "0.6", "--explain"]) in (0, None)
+    assert "the plan is the swap-all baseline's" in capsys.readouterr().out
+
+
+def test_budget_at_the_end_of_a_descent_plans():
+    """A budget just above where a descent ends, met only by the end-of-descent plan lowered as
+    it is (the plan ``min_feasible_bytes`` measures; its finish with undo or retention goes over),
+    gives that plan rather than an internal error (the tightening probes such budgets)."""
+    p = slow_layered(120, 2)
+    for r in get_solver("libra").solve_many(p, [0.9, 0.8, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4]):
+        if r.success:
+            assert_fits(p, r)
+        else:
+            assert get_solver("libra").solve(p, r.min_feasible_bytes).success

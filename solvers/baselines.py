@@ -33,7 +33,7 @@ import bisect
 import logging
 import math
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -49,7 +49,7 @@ from .result import OPTIMAL, RawSolution
 
 log = logging.getLogger(__name__)
 
-__all__ = ["NoRematSolver", "CheckpointAllSolver", "ChenSqrtSolver", "ChenGreedySolver", "SwapAllSolver",
+__all__ = ["BaselinePlan", "NoRematSolver", "CheckpointAllSolver", "ChenSqrtSolver", "ChenGreedySolver", "SwapAllSolver",
            "forward_cut_points", "safe_recompute_decisions", "segment_windows", "chen_greedy_checkpoints", "chen_sqrt_checkpoints"]
 
 _CHEN = ("Chen, Xu, Zhang, Guestrin. Training Deep Nets with Sublinear Memory Cost. arXiv:1604.06174, 2016")
@@ -331,6 +331,48 @@ def _keep_all_or_infeasible(problem: RematProblem, budget_bytes: int, peaks: Ite
                        simulation=sim)
 
 
+@dataclass
+class BaselinePlan:
+    """One plan a baseline considers, independent of the budget.
+
+    Attributes
+    ----------
+    schedule : Schedule
+    simulation : SimulationResult
+        Its simulation (peak bytes, added seconds), no budget applied.
+    message : str
+        What the plan is, for :attr:`SolveResult.message`.
+    extras : dict
+        The baseline's own details (checkpoints, prefetch, counts).
+    """
+
+    schedule: Schedule
+    simulation: SimulationResult
+    message: str
+    extras: dict
+
+
+def _first_fitting(problem: RematProblem, plans: Iterable[BaselinePlan], budget_bytes: int, solver: str,
+                   detail: str, keep_all: bool = True) -> RawSolution:
+    """The first of ``plans`` whose simulated peak is within ``budget_bytes``
+    (later plans are not built); failing that, keep every activation where
+    ``keep_all`` and it fits (:func:`_keep_all_or_infeasible`).
+
+    Raises
+    ------
+    InfeasibleBudgetError
+        Nothing fits; states the smallest peak seen.
+    """
+    peaks = []
+    for p in plans:
+        if p.simulation.peak_bytes <= budget_bytes:
+            return RawSolution(p.schedule, message=p.message, extras=dict(p.extras), simulation=p.simulation)
+        peaks.append(p.simulation.peak_bytes)
+    if keep_all:
+        return _keep_all_or_infeasible(problem, budget_bytes, peaks, solver, detail)
+    raise _infeasible(solver, budget_bytes, peaks, detail)
+
+
 # --------------------------------------------------------------------- solvers
 @register_solver("none")
 class NoRematSolver(Solver):
@@ -379,16 +421,17 @@ class CheckpointAllSolver(Solver):
     citation = ("torch.utils.checkpoint around every op (store nothing, recompute from the inputs); "
                 "cf. " + _CHEN + ", sec. 4")
 
-    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+    def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
+        """The one plan (budget-oblivious), as a one-item iterator."""
         windows = default_windows(problem)
         dec = safe_recompute_decisions(problem, windows, windows)
         sched, sim = _evaluate(problem, dec, windows)
-        if sim.peak_bytes > budget_bytes:
-            return _keep_all_or_infeasible(problem, budget_bytes, [sim.peak_bytes], self.name,
-                                           "recomputing every activation")
         n = sum(p == Policy.RECOMPUTE for p in dec.values())
-        return RawSolution(sched, message=f"recompute {n} of {len(windows)} saved activation storages",
-                           extras={"recomputed_storages": n, "kept_storages": len(dec) - n})
+        yield BaselinePlan(sched, sim, f"recompute {n} of {len(windows)} saved activation storages",
+                           {"recomputed_storages": n, "kept_storages": len(dec) - n})
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        return _first_fitting(problem, self.plans(problem), budget_bytes, self.name, "recomputing every activation")
 
 
 @dataclass(frozen=True)
@@ -435,16 +478,15 @@ class ChenSqrtSolver(Solver):
     citation = _CHEN + ", sec. 4.1 (sqrt(n) segments)"
     Options = ChenOptions
 
-    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+    def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
+        """The one plan (budget-oblivious), as a one-item iterator."""
         windows = default_windows(problem)
         ckpt = chen_sqrt_checkpoints(_candidates(problem, self.options.candidates))
-        dec, segwin = _checkpoint_plan(problem, ckpt, windows)
-        sched, sim = _evaluate(problem, dec, segwin)
-        if sim.peak_bytes > budget_bytes:
-            return _keep_all_or_infeasible(problem, budget_bytes, [sim.peak_bytes], self.name,
-                                           f"{len(ckpt)} checkpoints")
-        return RawSolution(sched, message=f"{len(ckpt)} checkpoints (segment boundaries)",
-                           extras={"checkpoints": ckpt})
+        sched, sim = _evaluate(problem, *_checkpoint_plan(problem, ckpt, windows))
+        yield BaselinePlan(sched, sim, f"{len(ckpt)} checkpoints (segment boundaries)", {"checkpoints": ckpt})
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        return _first_fitting(problem, self.plans(problem), budget_bytes, self.name, "sqrt(n) checkpoints")
 
 
 @dataclass(frozen=True)
@@ -499,31 +541,29 @@ class ChenGreedySolver(Solver):
         k = self.options.num_thresholds
         return [0.0] + list(np.geomspace(lo, hi, k - 1))
 
-    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+    def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
+        """One plan per distinct checkpoint set over :meth:`thresholds`, lazily."""
         windows = default_windows(problem)
         cand = _candidates(problem, self.options.candidates)
-        seen: dict[tuple[int, ...], float] = {}
-        best = None
-        peaks = []
+        seen: set[tuple[int, ...]] = set()
         for b in self.thresholds(problem):
             ckpt = tuple(chen_greedy_checkpoints(problem, cand, b))
             if ckpt in seen:
                 continue
-            seen[ckpt] = b
+            seen.add(ckpt)
             sched, sim = _evaluate(problem, *_checkpoint_plan(problem, ckpt, windows))
-            peaks.append(sim.peak_bytes)
-            if sim.peak_bytes <= budget_bytes:
-                key = (sim.added_s, sim.peak_bytes)
-                if best is None or key < best[0]:
-                    best = (key, sched, ckpt, b)
-        if best is None:
-            return _keep_all_or_infeasible(problem, budget_bytes, peaks, self.name,
-                                           f"{len(seen)} segment thresholds tried")
-        _, sched, ckpt, b = best
-        return RawSolution(sched, message=f"segment threshold {b:.0f} bytes: {len(ckpt)} checkpoints "
-                                          f"(best of {len(seen)} thresholds)",
-                           extras={"checkpoints": list(ckpt), "threshold_bytes": float(b),
-                                   "thresholds_tried": len(seen)})
+            yield BaselinePlan(sched, sim, f"segment threshold {b:.0f} bytes: {len(ckpt)} checkpoints",
+                               {"checkpoints": list(ckpt), "threshold_bytes": float(b)})
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        plans = list(self.plans(problem))
+        fit = [p for p in plans if p.simulation.peak_bytes <= budget_bytes]
+        if not fit:
+            return _keep_all_or_infeasible(problem, budget_bytes, [p.simulation.peak_bytes for p in plans],
+                                           self.name, f"{len(plans)} segment thresholds tried")
+        best = min(fit, key=lambda p: (p.simulation.added_s, p.simulation.peak_bytes))
+        return RawSolution(best.schedule, message=f"{best.message} (best of {len(plans)} thresholds)",
+                           extras=dict(best.extras, thresholds_tried=len(plans)))
 
 
 @dataclass(frozen=True)
@@ -565,15 +605,16 @@ class SwapAllSolver(Solver):
                 "vDNN, Rhu et al., MICRO 2016")
     Options = SwapAllOptions
 
-    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+    def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
+        """The plan with the chosen ``prefetch``, then (unless it is
+        ``"late"``) the late-prefetch one, lazily."""
         windows = default_windows(problem)
         dec = {s: Policy.SWAP for s in windows}
-        tries = [self.options.prefetch] + (["late"] if self.options.prefetch != "late" else [])
-        peaks = []
-        for pf in tries:
+        for pf in [self.options.prefetch] + (["late"] if self.options.prefetch != "late" else []):
             sched, sim = _evaluate(problem, dec, windows, prefetch=pf)
-            peaks.append(sim.peak_bytes)
-            if sim.peak_bytes <= budget_bytes:
-                return RawSolution(sched, message=f"swap {len(dec)} storages, prefetch={pf!r}",
-                                   extras={"swapped_storages": len(dec), "prefetch": pf})
-        raise _infeasible(self.name, budget_bytes, peaks, "swapping every saved activation")
+            yield BaselinePlan(sched, sim, f"swap {len(dec)} storages, prefetch={pf!r}",
+                               {"swapped_storages": len(dec), "prefetch": pf})
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        return _first_fitting(problem, self.plans(problem), budget_bytes, self.name,
+                              "swapping every saved activation", keep_all=False)

@@ -31,7 +31,9 @@ the eager (keep-everything) plan greedily from its profiled peak:
 :meth:`LibraSolver.solve_many` plans many budgets from one descent: the
 decision set is recorded when the peak first drops under each budget, and
 each is finished as a single solve would, so results equal single-budget
-solves.
+solves, but for one thing: a plan for a lower budget fits every higher one,
+so the sweep returns, for each budget, the cheapest plan found for it or any
+lower budget (monotone in cost).
 
 Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent and its
 snapshots), :mod:`~libra_opt.solvers.libra_finish` (undo pass, segment-wise
@@ -51,7 +53,13 @@ with a fallback descent without them for budgets they keep the descent from
 reaching; after the descent, a tensor a chain would regenerate from scratch may
 instead be kept resident past its last use until that chain (*retention*,
 Checkmate's S); in hybrid mode a *portfolio* also runs the recompute-only and
-swap-only descents and returns the cheapest simulated plan.
+swap-only descents and returns the cheapest simulated plan, and holds the
+built-in baselines' plans (:class:`~libra_opt.solvers.baselines.BaselinePlan`,
+built once per solve or sweep): ``swap-all``'s at every budget (two
+lowerings), and where no descent meets a budget ``checkpoint-all``'s and,
+where one of those meets it, ``chen-sqrt``'s and ``chen-greedy``'s, so hybrid
+reaches as low as every single policy and baseline and costs no more than the
+baselines it compares with.
 
 Limits: greedy, so not optimal (compare ``checkmate-milp``); the estimate
 mirrors the lowering and the simulator but can drift where swap-ins collide
@@ -62,21 +70,27 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
+from libra_opt.bounds import memory_lower_bound
 from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.problem import RematProblem
-from libra_opt.schedule import no_remat_schedule
-from libra_opt.simulator import no_remat_peak
+from libra_opt.schedule import Schedule, no_remat_schedule
+from libra_opt.simulator import no_remat_peak, simulate
 from libra_opt.units import parse_budget
 
 from .base import Solver
+from .baselines import BaselinePlan
 from .libra_finish import _Plan, _Snapshot
 from .libra_refine import _Refiner
-from .registry import register_solver
+from .registry import register_solver, solver_class
 from .result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
+
+log = logging.getLogger(__name__)
 
 POLICY_MODES = ("hybrid", "recompute", "swap")
 WINDOW_MODES = ("auto", "default", "all")
@@ -144,8 +158,12 @@ class LibraOptions:
     portfolio : bool
         Hybrid mode only: also refine with recomputation only and with
         swapping only, and return the cheapest of the three plans (estimated
-        added time), so hybrid is never worse than either policy alone.  The
-        result's ``extras["descent"]`` says which descent the plan came from.
+        added time), so hybrid is never worse than either policy alone; and
+        compare with the built-in baselines' plans (``swap-all`` at every
+        budget; ``checkpoint-all``, ``chen-sqrt``, ``chen-greedy`` where no
+        descent meets the budget: see the module docstring).  The result's
+        ``extras["descent"]`` says which descent (or baseline) the plan came
+        from.  ``max_steps`` and ``time_limit_s`` bound the descents only.
     """
 
     policy: str = "hybrid"
@@ -174,6 +192,47 @@ class LibraOptions:
             raise SolverError(f"libra: max_repair_steps must be a non-negative int, got {self.max_repair_steps!r}")
 
 
+#: the built-in baselines hybrid's portfolio holds
+PORTFOLIO_BASELINES = ("swap-all", "checkpoint-all", "chen-sqrt", "chen-greedy")
+#: compared at every budget (cheap: two lowerings)
+ALWAYS_COMPARED = ("swap-all",)
+#: built where no descent meets a budget: the least memory of each policy
+REACH_BASELINES = ("swap-all", "checkpoint-all")
+
+
+class _BaselinePool:
+    """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.plans`
+    and its siblings: each a fixed set of budget-independent plans), built
+    lazily, once per solve or sweep, and shared by its budgets."""
+
+    def __init__(self, problem: RematProblem):
+        self.problem = problem
+        self.floor = memory_lower_bound(problem)   # below it nothing fits: no baseline is built
+        self._plans: dict[str, list[BaselinePlan]] = {}
+
+    def plans(self, name: str) -> list[BaselinePlan]:
+        """Every plan of baseline ``name``; none (logged) where building them fails."""
+        if name not in self._plans:
+            try:
+                self._plans[name] = list(solver_class(name)().plans(self.problem))
+            except Exception as e:   # a baseline's bug must not take libra's own plan down with it
+                log.warning("libra: baseline %r failed on %r (%s: %s); left out of the portfolio", name,
+                            self.problem.name, type(e).__name__, e)
+                self._plans[name] = []
+        return self._plans[name]
+
+    def best(self, names: Sequence[str], budget: int) -> tuple[str, BaselinePlan] | None:
+        """The cheapest plan (simulated added seconds) of ``names`` within ``budget`` bytes."""
+        fit = [(p.simulation.added_s, k, name, p) for k, name in enumerate(names) for p in self.plans(name)
+               if p.simulation.peak_bytes <= budget]
+        return min(fit, key=lambda c: c[:2])[2:] if fit else None
+
+    def min_peak(self, names: Sequence[str]) -> int | None:
+        """The smallest simulated peak among the plans of ``names`` (bytes)."""
+        peaks = [p.simulation.peak_bytes for name in names for p in self.plans(name)]
+        return min(peaks) if peaks else None
+
+
 @register_solver("libra")
 class LibraSolver(Solver):
     """Libra's greedy refinement with a hybrid swap + recompute policy.
@@ -189,8 +248,10 @@ class LibraSolver(Solver):
     Raises
     ------
     InfeasibleBudgetError
-        The descent cannot get under the budget; ``min_feasible_bytes`` is the
-        simulated peak of the lowest plan it reached.
+        No descent (nor, in hybrid mode, baseline) gets under the budget;
+        ``min_feasible_bytes`` is a budget a solve then meets, within 1% of
+        the smallest one found plannable (:meth:`_tightened`; as the
+        descents stated it where ``max_steps`` or ``time_limit_s`` is set).
     """
 
     name = "libra"
@@ -252,16 +313,118 @@ class LibraSolver(Solver):
                                        descent=self.options.policy))
 
     def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        pool = self._pool(problem)
+        try:
+            return self._solve_at(problem, budget_bytes, pool)
+        except InfeasibleBudgetError as e:
+            raise self._tightened(problem, e, pool) from None
+
+    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None) -> RawSolution:
+        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``."""
         refs = self._refiners(problem)
         snaps = self._descend_all(refs, [budget_bytes])
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         refs, snaps = refs + more, snaps + more_snaps
-        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes)
+        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
 
-    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution:
+    #: rounds of the tightening of a stated minimum budget (each one set of descents)
+    TIGHTEN_ROUNDS = 3
+    #: budgets planned per round
+    TIGHTEN_GRID = 24
+    #: a stated minimum ``m`` is tight when 0.99 ``m`` is at or under a budget found infeasible
+    TIGHTEN_REL = 0.01
+    _tight_detail = "the smallest budget it plans, verified"
+
+    def _first_planned(self, problem: RematProblem, budgets: list[int], pool: _BaselinePool | None) -> int | None:
+        """The smallest of ``budgets`` a solve meets, from one set of descents
+        recording all of them (as :meth:`solve_many`; equal to single solves),
+        or ``None``."""
+        refs = self._refiners(problem)
+        snaps = self._descend_all(refs, budgets)
+        more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
+        refs, snaps = refs + more, snaps + more_snaps
+        for b in sorted(budgets):
+            try:
+                self._plan(refs, [s.get(b) for s in snaps], b, pool)
+                return b
+            except InfeasibleBudgetError:
+                continue
+        return None
+
+    def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError,
+                   pool: _BaselinePool | None) -> InfeasibleBudgetError:
+        """``err`` with a ``min_feasible_bytes`` that is a budget this solver
+        then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
+
+        The descents' stated minimum (the simulated peak of their lowest plan)
+        may not be met by a solve at it, and is often above budgets a solve
+        meets.  Each round plans a geometric grid of :attr:`TIGHTEN_GRID`
+        budgets from the highest budget known infeasible (at least the memory
+        floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
+        known plannable, from one set of descents, and keeps the smallest one
+        met; at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
+        Where the stated minimum itself is not met, the next round looks
+        above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
+        minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
+        descents."""
+        if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
+            return err
+        floor = memory_lower_bound(problem)
+        lo, hi = max(int(err.budget_bytes), floor - 1), int(err.min_feasible_bytes)
+        verified, rounds, peak = False, 0, no_remat_peak(problem)
+        while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
+            rounds += 1
+            k = self.TIGHTEN_GRID
+            grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
+                                                     * i / k))), lo + 1), hi) for i in range(1, k + 1)})
+            found = self._first_planned(problem, grid, pool)
+            if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
+                if hi >= peak:
+                    break
+                lo, hi = hi, peak
+                continue
+            below = [g for g in grid if g < found]
+            lo, hi, verified = max([lo] + below), found, True
+        if not verified:
+            return err
+        return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
+                                     f"{self._tight_detail} ({rounds} rounds; the highest budget found infeasible "
+                                     f"is {lo} bytes)")
+
+    def _pool(self, problem: RematProblem) -> _BaselinePool | None:
+        """The baselines' plans hybrid's portfolio compares with (``None`` outside it)."""
+        if self.options.policy == "hybrid" and self.options.portfolio:
+            return _BaselinePool(problem)
+        return None
+
+    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
+              pool: _BaselinePool | None = None) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
-        the end of a descent (with, then without the undo pass)."""
+        the end of a descent (with, then without the undo pass).  With a
+        baseline ``pool`` (hybrid's portfolio), a baseline's plan where it is
+        cheaper: ``swap-all``'s at every budget; where no descent meets the
+        budget, ``swap-all``'s or ``checkpoint-all``'s (the least memory of
+        each policy) and, where one of them meets it, the cheapest of every
+        baseline's that does."""
+        found = self._libra_plan(refs, snaps, budget)
+        if pool is not None and budget >= pool.floor:
+            hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget)
+            if found is None and hit is not None:
+                hit = pool.best(PORTFOLIO_BASELINES, budget)   # one meets it: the checkpointing ones may be cheaper
+            if hit is not None and (found is None or hit[1].simulation.added_s < found.simulation.added_s):
+                return self._baseline_raw(*hit)
+        if found is not None:
+            return found
+        least = min(ref.min_feasible_bytes() for ref in refs)
+        if pool is not None:
+            least = min(least, pool.min_peak(REACH_BASELINES) or least)
+        raise InfeasibleBudgetError(budget, least, self.name,
+                                    f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
+                                    + (", and the baselines of the portfolio" if pool is not None else ""))
+
+    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution | None:
+        """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
         cands = []
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
             if snap is not None:
@@ -282,10 +445,21 @@ class LibraSolver(Solver):
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
-                plan = ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
+                plan = (ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
+                        or ref.as_lowered(final))   # the plan min_feasible_bytes measured
                 return self._raw(plan, ref.opts.policy)
-        raise InfeasibleBudgetError(budget, min(ref.min_feasible_bytes() for ref in refs), self.name,
-                                    f"{refs[0].step} refinement steps, policy {self.options.policy!r}")
+        return None
+
+    def _baseline_raw(self, name: str, plan: BaselinePlan) -> RawSolution:
+        """A baseline's plan as this solver's result (``extras["descent"]`` is the baseline's name)."""
+        sim = plan.simulation
+        extras = dict(decisions=[], retained=[], estimated_peak_bytes=int(sim.peak_bytes),
+                      estimated_added_s=float(sim.added_s), steps=0, undone=0, repairs=0,
+                      policy=self.options.policy, descent=name, baseline=dict(plan.extras))
+        sched = Schedule(plan.schedule.instructions, dict(plan.schedule.meta, solver=self.name))
+        sched.meta["libra"] = dict(policy=self.options.policy, descent=name, decisions=[])
+        return RawSolution(schedule=sched, status=FEASIBLE, message=f"the {name} baseline's plan: {plan.message}",
+                           extras=extras, simulation=sim)
 
     def _raw(self, plan: _Plan, descent: str) -> RawSolution:
         decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
@@ -308,7 +482,10 @@ class LibraSolver(Solver):
                    ) -> list[SolveResult]:
         """One result per budget, in the order given, from **one** descent: the
         decision set is recorded when the peak first drops under each budget,
-        and finished exactly as :meth:`solve` would (equal results).
+        and finished exactly as :meth:`solve` would (equal results), except
+        that the sweep is monotone in cost: where a lower budget's plan is
+        cheaper, it is returned for the higher budget too (it fits;
+        ``extras["from_budget_bytes"]`` says where it was planned).
 
         Parameters
         ----------
@@ -337,7 +514,8 @@ class LibraSolver(Solver):
         more, more_snaps = self._fallbacks(problem, refs, bb, snaps)
         refs, snaps = refs + more, snaps + more_snaps
         spent = [ref.clock_s() for ref in refs]
-        out = []
+        pool = self._pool(problem)
+        out, missed = [], []
         for b in bb:
             t1 = time.perf_counter()
             these = [s.get(b) for s in snaps]
@@ -346,13 +524,49 @@ class LibraSolver(Solver):
             base_s = sum(snap.elapsed_s if snap is not None else (spent[k] if ref.asked is None or b in ref.asked else 0.0)
                          for k, (ref, snap) in enumerate(zip(refs, these)))
             try:
-                raw = self._plan(refs, these, b)
+                raw = self._plan(refs, these, b, pool)
             except InfeasibleBudgetError as e:
                 if raise_on_infeasible:
-                    raise
-                out.append(self._infeasible(b, e, base_s + time.perf_counter() - t1))
+                    raise self._tightened(problem, e, pool) from None
+                missed.append((len(out), e, base_s + time.perf_counter() - t1))
+                out.append(None)
                 continue
             out.append(self._finish(problem, b, raw, base_s + time.perf_counter() - t1))
+        if missed:   # one tightening for the sweep, from its highest infeasible budget
+            t1 = time.perf_counter()
+            top = max(missed, key=lambda m: m[1].budget_bytes)
+            tight = self._tightened(problem, top[1], pool)
+            extra_s = time.perf_counter() - t1
+            for i, e, s in missed:
+                if tight is not top[1]:
+                    e = InfeasibleBudgetError(e.budget_bytes, tight.min_feasible_bytes, self.name, self._tight_detail)
+                out[i] = self._infeasible(e.budget_bytes, e, s + (extra_s if e.budget_bytes == top[1].budget_bytes else 0.0))
+        return self._monotone(problem, out)
+
+    def _monotone(self, problem: RematProblem, results: list[SolveResult]) -> list[SolveResult]:
+        """Make the sweep monotone in cost: a plan for a lower budget fits every
+        higher one, so where the plan found for a budget costs more (simulated
+        added time) than one found for a lower budget, the cheaper plan is
+        returned for it too, re-simulated against the higher budget
+        (``extras["from_budget_bytes"]`` names the budget it was planned for).
+        A cumulative minimum over the budgets from low to high."""
+        best = None
+        out = list(results)
+        for i in sorted(range(len(out)), key=lambda k: out[k].budget_bytes):
+            r = out[i]
+            if r.schedule is None:
+                continue
+            if best is None or r.added_s <= best.added_s:
+                best = r
+                continue
+            sched = Schedule(best.schedule.instructions, dict(best.schedule.meta, budget_bytes=int(r.budget_bytes)))
+            sim = simulate(problem, sched, budget=r.budget_bytes)
+            extras = dict(best.extras, from_budget_bytes=int(best.budget_bytes))
+            out[i] = dataclasses.replace(best, schedule=sched, budget_bytes=r.budget_bytes, simulation=sim,
+                                         peak_bytes=sim.peak_bytes, time_s=sim.time_s, added_s=sim.added_s,
+                                         solve_s=r.solve_s, extras=extras,
+                                         message=f"{best.message}; the plan found for the lower budget of "
+                                                 f"{best.budget_bytes} bytes (cheaper than this budget's own)")
         return out
 
 

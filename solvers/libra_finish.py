@@ -240,6 +240,12 @@ class Finisher:
                 best = (key, mv)
         return best[1] if best else None
 
+    def as_lowered(self, snap: _Snapshot) -> _Plan:
+        """The snapshot's timeline lowered and simulated as it is (no undo,
+        retention or repair): the plan :meth:`min_feasible_bytes` measures."""
+        sched = lower(self.problem, snap.timeline.plan())
+        return _Plan(sched, simulate(self.problem, sched), snap.timeline, dict(snap.records), 0, 0, snap)
+
     def min_feasible_bytes(self) -> int:
         """Simulated peak of the lowered end-of-descent plan (bytes)."""
         if self._final_peak is None:

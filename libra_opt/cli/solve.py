@@ -108,6 +108,9 @@ def run(args: argparse.Namespace) -> int:
         decisions = result.extras.get("decisions")
         if decisions is None:
             print(f"explain:  solver {result.solver!r} records no decisions")
+        elif "baseline" in result.extras:
+            print(f"explain:  the plan is the {result.extras['descent']} baseline's (hybrid's portfolio): "
+                  f"{result.message}")
         else:
             from libra_opt.solvers.libra_explain import format_decisions
 

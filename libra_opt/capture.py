@@ -37,7 +37,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from .capture_passes import RNG_STATE_META, apply_graph_passes, apply_joint_passes, draws_random
+from .capture_passes import RNG_STATE_META, storage_key, apply_graph_passes, apply_joint_passes, draws_random
 from .costs import is_fusible_op
 from .errors import CaptureError
 from .problem import (BACKWARD, FORWARD, INPUT, DeviceProfile, FixedMemory, Node, Provenance, RematProblem,
@@ -170,7 +170,7 @@ def step_function(model: nn.Module, loss_fn: Callable | None = None, *, autocast
             out = model(*args, **kwargs)
             return out if loss_fn is None else loss_fn(out)
     else:
-        device_type = torch.device(device if device is not None else "cpu").type
+        device_type = torch.device(device if device is not None else _model_device(model, (), {})).type
 
         def libra_step(*args, **kwargs):
             with torch.autocast(device_type=device_type, dtype=autocast_dtype):
@@ -221,7 +221,6 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     """
     import torch._dynamo
     from torch._dynamo.backends.common import aot_autograd
-    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     kwargs = dict(kwargs or {})
     device = _model_device(model, args, kwargs)
@@ -242,6 +241,23 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
 
     name = type(model).__name__
     compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+    try:
+        return _capture_into(box, compiled, model, args, kwargs, autocast_dtype, name)
+    finally:
+        # TorchDynamo may keep the backend (and so ``box``) alive after this call: without this, the
+        # parameters and their gradients of every captured model stay allocated (seen across max-batch
+        # probes), also when the capture fails
+        box.clear()
+
+
+def _capture_into(box: dict, compiled, model: nn.Module, args: tuple, kwargs: dict, autocast_dtype,
+                  name: str) -> "CapturedStep":
+    """Run ``compiled`` once (its backend fills ``box`` and aborts), translate
+    TorchDynamo's and AOTAutograd's errors into :class:`CaptureError`, and
+    build the :class:`CapturedStep` from ``box``."""
+    import torch._dynamo
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
     try:
         with torch.enable_grad():
             compiled(*args, **kwargs)
@@ -264,12 +280,7 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         raise CaptureError(f"{name}: no joint graph was produced; does the step compute anything that "
                            f"requires grad? (call model.train() and make sure parameters require grad)")
     _check_data_independent(box["joint"], name)
-    try:
-        return _finish_capture(model, box, autocast_dtype, name)
-    finally:
-        # TorchDynamo may keep the backend (and so ``box``) alive after this call: without this, the
-        # parameters and their gradients of every captured model stay allocated (seen across max-batch probes)
-        box.clear()
+    return _finish_capture(model, box, autocast_dtype, name)
 
 
 _DATA_DEPENDENT_HINT = ("A plan needs every value's size before the step runs: move .item() / float(t) / "
@@ -485,14 +496,6 @@ def tensor_values(joint: fx.GraphModule) -> list[tuple[str, fx.Node, int | None,
     return out
 
 
-def _storage_key(t: torch.Tensor):
-    try:
-        s = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return None
-    return s._cdata
-
-
 def _is_mutating(target) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is None:
@@ -583,7 +586,7 @@ def build_problem(step: CapturedStep, *, times: dict[str, float] | None = None,
     for name, prod, idx, fake in values:
         tid = len(specs)
         is_input = prod.op in ("placeholder", "get_attr")
-        key = _storage_key(fake)
+        key = storage_key(fake)
         base = storage_of.get(key) if key is not None else None
         kind = INPUT if is_input else "activation"
         if base is not None and specs[base]["kind"] != kind:

@@ -53,9 +53,9 @@ import torch.fx as fx
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["drop_constant_attention_masks", "fold_repeated_kv_into_gqa", "apply_graph_passes", "dedupe_casts", "remove_identity_clones", "use_cudnn_batch_norm",
-           "make_random_ops_replayable", "apply_joint_passes", "replay_random", "rng_state_bytes", "draws_random",
-           "RNG_STATE_META", "JOINT_PASSES"]
+__all__ = ["drop_constant_attention_masks", "fold_repeated_kv_into_gqa", "apply_graph_passes", "dedupe_casts",
+           "remove_identity_clones", "use_cudnn_batch_norm", "make_random_ops_replayable", "apply_joint_passes",
+           "replay_random", "rng_state_bytes", "draws_random", "storage_key", "RNG_STATE_META", "JOINT_PASSES"]
 
 aten = torch.ops.aten
 
@@ -304,7 +304,7 @@ def _replace_value(old: fx.Node, new: fx.Node) -> None:
     """Make ``old``'s readers read ``new`` (same shape, strides and dtype) and
     give the views made from it (fake values sharing ``old``'s storage) fake
     values on ``new``'s storage, so the problem IR's storages stay right."""
-    key = _storage_key(old.meta.get("val"))
+    key = storage_key(old.meta.get("val"))
     users = list(old.users)
     old.replace_all_uses_with(new)
     mode = getattr(new.meta.get("val"), "fake_mode", None)
@@ -313,7 +313,7 @@ def _replace_value(old: fx.Node, new: fx.Node) -> None:
     stack, seen = users, set()
     while stack:
         u = stack.pop()
-        if u in seen or u.op != "call_function" or not any(_storage_key(x) == key for x in _vals(u.meta.get("val"))):
+        if u in seen or u.op != "call_function" or not any(storage_key(x) == key for x in _vals(u.meta.get("val"))):
             continue
         seen.add(u)
         if u.target is operator.getitem:
@@ -366,7 +366,10 @@ def dedupe_casts(joint: fx.GraphModule, phase: dict[str, str]) -> int:
     return removed
 
 
-def _storage_key(v):
+def storage_key(v):
+    """The identity of ``v``'s storage (``untyped_storage()._cdata``), or
+    ``None`` for a non-tensor or a tensor without one; shared with
+    :mod:`libra_opt.capture`."""
     try:
         return v.untyped_storage()._cdata
     except (RuntimeError, NotImplementedError, AttributeError):
@@ -389,7 +392,7 @@ def remove_identity_clones(joint: fx.GraphModule) -> int:
     int
         Number of clones removed.
     """
-    inputs = {_storage_key(ph.meta.get("val")) for ph in joint.graph.find_nodes(op="placeholder")}
+    inputs = {storage_key(ph.meta.get("val")) for ph in joint.graph.find_nodes(op="placeholder")}
     inputs.discard(None)
     outs = _outputs(joint)
     removed = 0
@@ -401,7 +404,7 @@ def remove_identity_clones(joint: fx.GraphModule) -> int:
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
             continue
         if (a.shape != b.shape or a.stride() != b.stride() or a.dtype != b.dtype
-                or _storage_key(a) in inputs):
+                or storage_key(a) in inputs):
             continue
         _replace_value(n, src)
         joint.graph.erase_node(n)

@@ -223,6 +223,7 @@ def calibrate(plan: Callable[[int], Any], run: Callable[[Any], Any], budget_byte
         over = m.reserved_bytes - budget_bytes
         if m.out_of_memory:              # the step needed more than the device gave: over by an unknown amount
             over = max(over, int(OOM_STEP * budget_bytes), 1)
+        solver_budget = int(module.plan.budget_bytes)   # what the plan was made for (``plan`` may widen it)
         rec = CalibrationStep(i, solver_budget, int(module.plan.peak_bytes), m.allocated_bytes, m.reserved_bytes,
                               over, m.out_of_memory)
         records.append(rec)
@@ -265,7 +266,8 @@ class preserved_state:
     were on entry are restored on exit, so a measuring step leaves the user's
     training state untouched.  Gradients are set to ``None`` inside (the step
     allocates fresh ones, as a step after ``zero_grad(set_to_none=True)``
-    does).
+    does).  The buffers' saved values are kept in host memory, so a measured
+    step inside the context does not count them as device memory.
 
     Sources: ``torch.get_rng_state`` / ``torch.cuda.get_rng_state_all``.
     """
@@ -277,7 +279,7 @@ class preserved_state:
         self.grads = [(p, p.grad) for p in self.model.parameters()]
         for p, _ in self.grads:
             p.grad = None
-        self.buffers = [(b, b.detach().clone()) for b in self.model.buffers()]
+        self.buffers = [(b, b.detach().to("cpu", copy=True)) for b in self.model.buffers()]
         self.rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and \
             torch.cuda.is_initialized() else None

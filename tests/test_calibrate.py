@@ -124,7 +124,7 @@ class _Planned:
         self.count = budget // size
         if self.count < 1:
             raise InfeasibleBudgetError(budget, size, "toy")
-        self.plan = SimpleNamespace(peak_bytes=self.count * size)
+        self.plan = SimpleNamespace(peak_bytes=self.count * size, budget_bytes=budget)
 
     def run(self, alloc: FakeCachingAllocator):
         keys = []

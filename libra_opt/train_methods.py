@@ -222,10 +222,12 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> int:
     Parameters without state get a zero gradient and one ``optimizer.step()``
     runs with every group's learning rate at 0 (so no parameter moves: Adam /
     AdamW's update and decoupled weight decay both scale with it); then the
-    ``step`` counters are set back to 0 and the zero gradients removed, which
-    leaves Adam / AdamW exactly as their lazy initialisation would (both
-    moments are zeros).  Other optimizers get the state their first step makes
-    from a zero gradient (e.g. SGD's momentum buffer, zeros).
+    ``step`` counters are set back to 0, every other state tensor is zeroed
+    (an L2 ``weight_decay`` adds ``decay * p`` to the zero gradient even at a
+    zero learning rate) and the zero gradients removed, which leaves Adam /
+    AdamW exactly as their lazy initialisation would (both moments are
+    zeros), and other optimizers with the state their first step makes from a
+    zero gradient (e.g. SGD's momentum buffer, zeros).
 
     Source: ``torch.optim.Adam`` / ``AdamW`` ``_init_group`` (state created at
     the first ``step``: ``step``, ``exp_avg``, ``exp_avg_sq``).
@@ -250,11 +252,12 @@ def init_optimizer_state(optimizer: torch.optim.Optimizer) -> int:
             p.grad = grad
     with torch.no_grad():
         for p in fresh:
-            step = optimizer.state[p].get("step")
-            if isinstance(step, torch.Tensor):
-                step.zero_()
-            elif step is not None:
-                optimizer.state[p]["step"] = 0
+            state = optimizer.state[p]
+            for k, v in state.items():
+                if isinstance(v, torch.Tensor):
+                    v.zero_()
+                elif k == "step" and v is not None:
+                    state[k] = 0
     return len(fresh)
 
 

@@ -285,6 +285,28 @@ def test_adamw_state_created_up_front_is_the_state_its_first_step_creates():
                                                           ob.state[b.weight]["exp_avg_sq"])
 
 
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.Adam(ps, lr=1e-2, weight_decay=0.1),
+                                  lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, weight_decay=0.1)],
+                         ids=["adam-l2", "sgd-momentum-l2"])
+def test_optimizer_state_created_up_front_trains_like_lazy_state_with_l2_decay(make):
+    """An L2 weight decay adds ``decay * p`` to the zero gradient of the
+    up-front step: the state must still be the lazy first step's."""
+    from libra_opt.train_methods import init_optimizer_state
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    b.load_state_dict(a.state_dict())
+    oa, ob = make(a.parameters()), make(b.parameters())
+    assert init_optimizer_state(oa) == 2
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        for m, o in ((a, oa), (b, ob)):
+            m(x).square().sum().backward()
+            o.step()
+            o.zero_grad()
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
 def test_resident_memory_is_measured_with_the_optimizer_state_and_the_allocator_overhead():
     from libra_opt.runtime.memory import FakeCachingAllocator
     from libra_opt.train_methods import measure_resident

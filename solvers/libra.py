@@ -549,15 +549,15 @@ class LibraSolver(Solver):
         added time) than one found for a lower budget, the cheaper plan is
         returned for it too, re-simulated against the higher budget
         (``extras["from_budget_bytes"]`` names the budget it was planned for).
-        A cumulative minimum over the budgets from low to high."""
+        A budget left without a plan of its own gets a lower budget's plan the
+        same way.  A cumulative minimum over the budgets from low to high."""
         best = None
         out = list(results)
         for i in sorted(range(len(out)), key=lambda k: out[k].budget_bytes):
             r = out[i]
-            if r.schedule is None:
-                continue
-            if best is None or r.added_s <= best.added_s:
-                best = r
+            if best is None or (r.schedule is not None and r.added_s <= best.added_s):
+                if r.schedule is not None:
+                    best = r
                 continue
             sched = Schedule(best.schedule.instructions, dict(best.schedule.meta, budget_bytes=int(r.budget_bytes)))
             sim = simulate(problem, sched, budget=r.budget_bytes)
@@ -566,7 +566,9 @@ class LibraSolver(Solver):
                                          peak_bytes=sim.peak_bytes, time_s=sim.time_s, added_s=sim.added_s,
                                          solve_s=r.solve_s, extras=extras,
                                          message=f"{best.message}; the plan found for the lower budget of "
-                                                 f"{best.budget_bytes} bytes (cheaper than this budget's own)")
+                                                 f"{best.budget_bytes} bytes ("
+                                                 + ("cheaper than this budget's own)" if r.schedule is not None
+                                                    else "this budget's own descent found none)"))
         return out
 
 

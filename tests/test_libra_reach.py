@@ -50,6 +50,25 @@ def test_sweep_is_monotone_in_cost():
     assert borrowed and all(r.extras["from_budget_bytes"] < r.budget_bytes for r in borrowed)
 
 
+def test_sweep_gives_a_budget_left_without_a_plan_a_lower_budgets_plan():
+    """A budget whose own descent found no plan gets the plan of a lower
+    budget (it fits), re-simulated against its own budget."""
+    import dataclasses
+
+    from libra_opt.solvers.result import INFEASIBLE
+
+    p = slow_layered(60, 3)
+    solver = get_solver("libra")
+    lo, hi = solver.solve_many(p, [0.9, 0.95])
+    assert lo.success and hi.success
+    lost = dataclasses.replace(hi, schedule=None, simulation=None, status=INFEASIBLE, peak_bytes=None,
+                               time_s=None, added_s=None)
+    _, filled = solver._monotone(p, [lo, lost])
+    assert filled.success and filled.extras["from_budget_bytes"] == lo.budget_bytes
+    assert filled.budget_bytes == hi.budget_bytes
+    assert_fits(p, filled)
+
+
 def reach_bytes(problem, name, **opts):
     """The smallest budget ``name`` plans: the memory floor where it meets it, else its stated minimum."""
     floor = memory_lower_bound(problem)

@@ -187,6 +187,9 @@ def check_case(problem: RematProblem, budget, solver: str, **options) -> tuple[s
             return INTERNAL_ERROR, f"infeasible, yet states a smallest feasible budget within it: {e}"
         return INFEASIBLE, str(e)
     except SolverError as e:
+        cause = e.__cause__
+        if cause is not None and not isinstance(cause, LibraOptError):  # a bug the base class wrapped
+            return INTERNAL_ERROR, f"{type(cause).__name__}: {cause} (wrapped: {e})"
         return SOLVER_ERROR, f"{type(e).__name__}: {e}"
     except Exception as e:  # the fuzzer's job is to report these
         return INTERNAL_ERROR, f"{type(e).__name__}: {e}"

@@ -452,9 +452,10 @@ class InductorCompiler:
             dgm = decompose(gm, example_inputs)
         self.compiled["backward" if is_backward else "forward"] = dgm
         if self.cuda_graphs and not is_backward:
+            static_set = set(static)
             self.cuda_graph_input_bytes = sum(
                 int(t.untyped_storage().nbytes()) for i, t in enumerate(example_inputs)
-                if isinstance(t, torch.Tensor) and i not in set(static))
+                if isinstance(t, torch.Tensor) and i not in static_set)
         if self._device_index is None:
             from torch._inductor.cudagraph_utils import BoxedDeviceIndex
 

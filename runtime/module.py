@@ -309,8 +309,7 @@ class OptimizedModule(nn.Module):
         except torch._dynamo.exc.TorchDynamoException:
             self._check_arguments(args, kwargs)
             raise
-        if (torch.is_grad_enabled() and not self._ran
-                and any(p.requires_grad for p in self.model.parameters())):
+        if not self._ran and any(p.requires_grad for p in self.model.parameters()):  # grad is on (above)
             raise RuntimeExecutionError(
                 "the compiled plan did not run (TorchDynamo fell back to eager, e.g. after hitting "
                 "torch._dynamo.config.recompile_limit); re-create the optimized module")

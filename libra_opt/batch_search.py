@@ -22,7 +22,6 @@ et al., MLSys 2020, sec. 6.3).
 from __future__ import annotations
 
 import functools
-import gc
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -236,12 +235,11 @@ def _is_oom(e: BaseException) -> bool:
 
 def free_device_memory() -> None:
     """Collect garbage and return cached CUDA blocks to the driver
-    (``gc.collect`` + ``torch.cuda.empty_cache``), so the next probe starts
-    clean."""
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+    (:func:`libra_opt.runtime.memory.release_cached`), so the next probe
+    starts clean."""
+    from .runtime.memory import release_cached
+
+    release_cached()
 
 
 def oom_safe(step: Callable[[int], Any]) -> Callable[[int], Trial]:

@@ -80,15 +80,18 @@ def cuda_index(device: torch.device | str | int | None = None) -> int:
 
 
 def release_cached(device: torch.device | str | None = None) -> None:
-    """Collect garbage, then return the CUDA allocator's cached blocks to the
-    driver (``gc.collect`` + ``torch.cuda.empty_cache``); nothing on a CPU.
-    Called after profiling the unplanned step, so the plan does not train
-    next to what profiling reserved."""
+    """Collect garbage (storages held only by reference cycles die, also on
+    a CPU, where a storage tracker or a fake allocator counts them), then,
+    for a CUDA ``device`` (or ``None``: the current one) once CUDA is
+    initialised, return the caching allocator's cached blocks to the driver
+    (``torch.cuda.synchronize`` + ``torch.cuda.empty_cache``).  Called after
+    profiling the unplanned step, so the plan does not train next to what
+    profiling reserved, and between max-batch probes."""
+    gc.collect()
     if device is not None and torch.device(device).type != "cuda":
         return
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        gc.collect()
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
 
 
@@ -228,9 +231,7 @@ class CudaMemory(DeviceMemory):
         torch.cuda.reset_peak_memory_stats(self.index)
 
     def empty_cache(self) -> None:
-        gc.collect()
-        torch.cuda.synchronize(self.index)
-        torch.cuda.empty_cache()
+        release_cached(torch.device("cuda", self.index))
 
     def total(self) -> int:
         """Total device memory (``torch.cuda.mem_get_info``), bytes."""

@@ -41,7 +41,7 @@ from .batch_search import SearchResult, Trial, free_device_memory, oom_safe, sea
 from .errors import InfeasibleBudgetError, LibraOptError
 from .runtime.memory import CudaMemory, configure_allocator, cuda_index, release_cached
 from .train_methods import (DEFAULT_RESERVE, REFERENCE_METHODS, TrainStep, _OptimizedStep, make_train_step,
-                            measure_resident, method_names, time_steps)
+                            measure_resident, method_names, reserve_bytes, time_steps)
 from .units import format_bytes, parse_bytes
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -317,7 +317,7 @@ def search_under_cap(model: str, cap: int, method: str, *, memory, capped: Calla
     mem = memory
     if reserve is None:
         reserve = 0 if (calibrate and is_solver) else DEFAULT_RESERVE
-    res_bytes = _reserve_bytes(cap, reserve)
+    res_bytes = reserve_bytes(cap, reserve)
     notes = [note] if note else []
     profiles = None
     if is_solver:
@@ -561,10 +561,6 @@ def scale_problem(p1: "RematProblem", b1: int, p2: "RematProblem", b2: int, batc
     return p2.replace(nodes=nodes, tensors=tensors, fixed=fixed, provenance=prov, name=f"{p2.name}@b{batch}")
 
 
-def _reserve_bytes(cap: int, reserve: float | int) -> int:
-    return int(reserve * cap) if isinstance(reserve, float) and reserve < 1 else int(reserve)
-
-
 def predict_max_batch(model: str, memory, method: str = "libra", *, seq: int | None = None,
                       profile_batches: tuple[int, int] = (2, 4), reserve: float | int = DEFAULT_RESERVE,
                       start: int = 1, limit: int | None = 1 << 16, dtype: torch.dtype = torch.float32,
@@ -640,7 +636,7 @@ def predict_max_batch(model: str, memory, method: str = "libra", *, seq: int | N
                                  autocast_dtype=autocast_dtype, warmup=1, repeats=1, progress=False)
                          for b in (b1, b2))
     p1, p2 = problems
-    res = _reserve_bytes(cap, reserve)
+    res = reserve_bytes(cap, reserve)
     cache: dict[int, tuple] = {}
 
     def plan_at(batch: int):

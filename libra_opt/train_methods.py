@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 __all__ = ["REFERENCE_METHODS", "DEFAULT_RESERVE", "method_names", "checkpoint_blocks", "fixed_memory_bytes",
-           "solver_budget", "TrainStep", "make_train_step", "optimize_zoo", "time_steps", "ResidentMemory",
+           "reserve_bytes", "solver_budget", "TrainStep", "make_train_step", "optimize_zoo", "time_steps", "ResidentMemory",
            "init_optimizer_state", "measure_resident"]
 
 #: PyTorch reference methods (not solvers): name -> what it does
@@ -200,12 +200,19 @@ def fixed_memory_bytes(model: nn.Module, inputs: Any = (), *, optimizer: str = "
             "gradients": trainable, "total": params + buffers + opt + inp}
 
 
+def reserve_bytes(cap_bytes: int, reserve: float | int) -> int:
+    """The reserve kept out of a solver's budget under a device cap, bytes:
+    ``reserve`` itself (bytes, an int) or that fraction of the cap (a float
+    < 1)."""
+    return int(reserve * cap_bytes) if isinstance(reserve, float) and reserve < 1 else int(reserve)
+
+
 def solver_budget(cap_bytes: int, fixed_bytes: int, reserve: float | int = DEFAULT_RESERVE) -> int:
     """The graph-memory budget for a solver under a device cap, bytes:
     ``cap - fixed - reserve`` where ``reserve`` is bytes (int) or a fraction
-    of the cap (float < 1).  Raises :class:`InfeasibleBudgetError` when
-    nothing is left."""
-    res = int(reserve * cap_bytes) if isinstance(reserve, float) and reserve < 1 else int(reserve)
+    of the cap (float < 1, :func:`reserve_bytes`).  Raises
+    :class:`InfeasibleBudgetError` when nothing is left."""
+    res = reserve_bytes(cap_bytes, reserve)
     budget = int(cap_bytes) - int(fixed_bytes) - res
     if budget <= 0:
         raise InfeasibleBudgetError(max(budget, 0), None, "max-batch",

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libra_opt.errors import InfeasibleBudgetError, SolverError, SolverOptionError
+from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, SolverOptionError
 from libra_opt.problem import INPUT, RematProblem
 from libra_opt.schedule import Compute, Free, Schedule
 from libra_opt.simulator import simulate
@@ -496,11 +496,11 @@ class CheckmateSetup:
             self.libra_min_feasible_bytes = e.min_feasible_bytes
             return []
         except SolverError as e:  # a reference plan only: the Checkmate solver goes on without it
-            log.info("%s: no libra plan to start from: %s", self.solver, e)
+            internal = e.__cause__ is not None and not isinstance(e.__cause__, LibraOptError)
+            (log.warning if internal else log.info)("%s: no libra plan to start from: %s", self.solver, e)
             return []
-        sched = res.schedule
-        sim = simulate(self.original, sched)
-        out = [Candidate("libra", None, None, sched, sim.peak_bytes, sim.time_s)]
+        sched = res.schedule          # simulated by the solver framework already: res.peak_bytes, res.time_s
+        out = [Candidate("libra", None, None, sched, int(res.peak_bytes), float(res.time_s))]
         try:
             R, S = rs_from_s(self.graph, s_from_schedule(self.graph, sched, self.coarse))
             out.append(self.candidate("libra (R/S)", R, S, {"heuristic": "libra (R/S)"}))

@@ -286,7 +286,7 @@ def round_lp(setup: CheckmateSetup, budget_bytes: int, *, backend: str = "scipy"
             x, value = _solve_lp(model, backend, limit)
         except SolverError as e:
             out.lp_error = str(e)
-            out.timed_out = "time limit" in str(e).lower()
+            out.timed_out = isinstance(e, _LPTimeLimit)
             log.info("checkmate LP at %.2f of the budget stopped: %s", factor, e)
             break
         log.info("checkmate LP at %.2f of the budget: %s in %.2f s (%d vars, %d rows)", factor,
@@ -336,6 +336,10 @@ def _solve_lp(model: CheckmateModel, backend: str, time_limit_s: float) -> tuple
     return _solve_pulp_lp(model, time_limit_s)
 
 
+class _LPTimeLimit(SolverError):
+    """An LP solve stopped at its time (or iteration) limit without a solution."""
+
+
 def _solve_scipy(model: CheckmateModel, time_limit_s: float):
     import scipy.sparse as sp
     from scipy.optimize import linprog
@@ -354,8 +358,9 @@ def _solve_scipy(model: CheckmateModel, time_limit_s: float):
         return np.asarray(res.x), float(res.fun)
     if res.status == 2:
         return None, None
-    raise SolverError(f"checkmate-lp: scipy linprog (HiGHS) failed: {res.message}; raise time_limit_s or "
-                      f"coarsen further (coarsen=<nodes>)")
+    error = _LPTimeLimit if res.status == 1 else SolverError   # 1: iteration or time limit reached
+    raise error(f"checkmate-lp: scipy linprog (HiGHS) failed: {res.message}; raise time_limit_s or "
+                f"coarsen further (coarsen=<nodes>)")
 
 
 def _solve_pulp_lp(model: CheckmateModel, time_limit_s: float):
@@ -371,8 +376,9 @@ def _solve_pulp_lp(model: CheckmateModel, time_limit_s: float):
         return x, float(pulp.value(prob.objective) or 0.0)
     if prob.status == pulp.LpStatusInfeasible:
         return None, None
-    raise SolverError(f"checkmate-lp: PuLP/CBC returned status {pulp.LpStatus[prob.status]!r}; raise "
-                      f"time_limit_s or coarsen further")
+    error = _LPTimeLimit if prob.status == pulp.LpStatusNotSolved else SolverError  # CBC stopped by timeLimit
+    raise error(f"checkmate-lp: PuLP/CBC returned status {pulp.LpStatus[prob.status]!r} (time limit "
+                f"{time_limit_s:g} s); raise time_limit_s or coarsen further")
 
 
 __all__ = ["CheckmateLPSolver", "CheckmateLPOptions", "LPRounding", "round_lp"]

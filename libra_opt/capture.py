@@ -46,7 +46,7 @@ from .problem import (BACKWARD, FORWARD, INPUT, DeviceProfile, FixedMemory, Node
 logger = logging.getLogger(__name__)
 
 __all__ = ["CapturedStep", "capture", "step_function", "autocast_context", "example_input_shapes",
-           "check_example_shapes", "build_problem", "mutated_primals", "node_phase", "tensor_values", "fx_tensor_name",
+           "check_example_shapes", "example_tangents", "build_problem", "mutated_primals", "node_phase", "tensor_values", "fx_tensor_name",
            "OPTIMIZER_STATE_FACTOR"]
 
 #: bytes of optimizer state per byte of trainable parameters
@@ -332,19 +332,33 @@ def _finish_capture(model: nn.Module, box: dict, autocast_dtype, name: str) -> C
     step.primal_kinds = ["parameter" if id(t) in params else "buffer" if id(t) in buffers else "input"
                          for t in primals]
     step.example_shapes = example_input_shapes(model, primals)
-    vals = [ph.meta.get("val") for ph in tang_ph]
+    step.tangents = example_tangents(tang_ph, name)
+    logger.info("captured %s: %d nodes, %d primals, %d tangents", name, len(joint.graph.nodes), len(primals),
+                len(step.tangents))
+    return step
+
+
+def example_tangents(tangent_placeholders: list, name: str) -> list:
+    """Real tangents for a joint graph's tangent placeholders (from their
+    ``meta["val"]``): ones for a scalar output (the loss); for the other
+    outputs zeros when a scalar output exists (what ``loss.backward()`` feeds
+    them), ones otherwise.
+
+    Raises
+    ------
+    CaptureError
+        A tangent placeholder has no tensor metadata.
+    """
+    vals = [ph.meta.get("val") for ph in tangent_placeholders]
     has_scalar = any(isinstance(v, torch.Tensor) and v.dim() == 0 for v in vals)
     tangents = []
-    for ph, v in zip(tang_ph, vals):
+    for ph, v in zip(tangent_placeholders, vals):
         if not isinstance(v, torch.Tensor):
             raise CaptureError(f"{name}: tangent {ph.name} has no tensor metadata")
         fill = 1.0 if (v.dim() == 0 or not has_scalar) else 0.0
         t = torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device=v.device)
         tangents.append(t.fill_(fill))
-    step.tangents = tangents
-    logger.info("captured %s: %d nodes, %d primals, %d tangents", name, len(joint.graph.nodes), len(primals),
-                len(tangents))
-    return step
+    return tangents
 
 
 def example_input_shapes(model: nn.Module, graph_inputs) -> list[tuple]:

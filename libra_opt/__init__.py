@@ -9,6 +9,8 @@ ordinary ``loss.backward()``.
 Public API (imported lazily, so ``import libra_opt`` stays cheap):
 
 - :func:`optimize` (model, example inputs, budget) -> a module that trains within the budget
+- :func:`backend` (budget) -> a ``torch.compile`` backend that does the same:
+  ``torch.compile(model, backend=libra_opt.backend(budget="60%"), dynamic=False)``
 - :func:`profile` (model) -> :class:`RematProblem`; :func:`capture`
 - :func:`solve`, :func:`solve_many`, :func:`register_solver`, :func:`available_solvers`
 - :func:`simulate`, :class:`Schedule`, :func:`no_remat_schedule`
@@ -35,7 +37,7 @@ _LAZY = {
     "load_problem": "libra_opt.problem_io", "save_problem": "libra_opt.problem_io",
     "load_remat_graph": "libra_opt.importers",
     "capture": "libra_opt.capture", "profile": "libra_opt.profiling",
-    "optimize": "libra_opt.optimize",
+    "optimize": "libra_opt.optimize", "backend": "libra_opt.compile_backend",
     "LibraOptError": "libra_opt.errors", "InfeasibleBudgetError": "libra_opt.errors",
     "BudgetError": "libra_opt.errors", "MissingExtraError": "libra_opt.errors",
     "random_layered_graph": "libra_opt.generators",

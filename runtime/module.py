@@ -293,9 +293,16 @@ class OptimizedModule(nn.Module):
             The model traced to a different graph (e.g. another autocast
             dtype or ``requires_grad`` of parameters), or TorchDynamo did not
             run the compiled plan.
+
+        Notes
+        -----
+        Under an outer ``torch.compile(optimized_module)`` the call runs as
+        without it, with a warning (:meth:`_outside_outer_compile`).
         """
         import torch._dynamo
 
+        if torch.compiler.is_compiling():   # traced by an outer torch.compile: leave its graph here
+            return self._outside_outer_compile(*args, **kwargs)
         if not torch.is_grad_enabled() or not self.model.training:
             return self._run_without_plan(args, kwargs)
         self._ran = False
@@ -314,6 +321,34 @@ class OptimizedModule(nn.Module):
                 "the compiled plan did not run (TorchDynamo fell back to eager, e.g. after hitting "
                 "torch._dynamo.config.recompile_limit); re-create the optimized module")
         return out
+
+    @torch.compiler.disable
+    def _outside_outer_compile(self, *args, **kwargs):
+        """The call, run outside an outer ``torch.compile`` of this module
+        (TorchDynamo breaks its graph here and runs this eagerly:
+        ``torch.compiler.disable``), with a warning once per module.
+
+        The module already runs its plan under a ``torch.compile`` of its own
+        (AOTAutograd with the plan's partition hook, graphs run by its
+        executor); an outer compile's backend receives TorchDynamo graphs of
+        the model without the plan and cannot execute one, so compiling
+        through would either drop the plan (and its memory bound) or run two
+        compilers on one step.  The outer compile is skipped for this module
+        and the plan runs as planned; Inductor's kernels come from
+        ``optimize(..., executor="inductor")`` or from
+        ``torch.compile(model, backend=libra_opt.backend(budget=...))``
+        (source: ``torch.compiler.disable``).  Under
+        ``torch.compile(..., fullgraph=True)`` TorchDynamo raises at this
+        graph break instead."""
+        if not getattr(self, "_outer_compile_warned", False):
+            self._outer_compile_warned = True
+            warnings.warn(
+                f"torch.compile of an OptimizedModule does not compile through its plan: the module already runs "
+                f"the plan under its own torch.compile (executor={self.executor!r}), so the outer torch.compile "
+                f"is skipped for it (its backend is not called). For Inductor kernels use "
+                f"libra_opt.optimize(..., executor='inductor'), or compile the plain model with "
+                f"torch.compile(model, backend=libra_opt.backend(budget=...), dynamic=False)", stacklevel=2)
+        return self.forward(*args, **kwargs)
 
     def _run_without_plan(self, args, kwargs):
         """The model (then ``loss_fn``) run eagerly under the captured

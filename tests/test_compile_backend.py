@@ -233,3 +233,22 @@ def test_backend_is_exported_lazily():
     code = ("import sys, libra_opt; assert 'libra_opt.compile_backend' not in sys.modules; "
             "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------- torch.compile(optimized module)
+def test_torch_compile_of_optimized_module_warns_and_runs_the_plan():
+    model, ref = _mlp(), _mlp()
+    om = libra_opt.optimize(model, (_x(),), 0.7, profile=False)
+    seen = []
+
+    def outer_backend(gm, example_inputs):
+        seen.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(om, backend=outer_backend)
+    with pytest.warns(UserWarning, match="does not compile through its plan.*executor='inductor'.*libra_opt.backend"):
+        _assert_step_like_eager(compiled, model, ref, _x())
+    assert om._ran and not seen                             # the plan ran; the outer backend was never called
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                       # once per module
+        _loss(compiled(_x())).backward()

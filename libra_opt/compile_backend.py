@@ -277,11 +277,11 @@ class LibraBackend:
         passes = apply_joint_passes(joint, num_fwd_outputs)
         with unset_fake_temporarily():      # AOTAutograd traces under a fake mode; the profile runs real ops
             step = _captured_step(joint, num_fwd_outputs, primals, kinds, passes, f"graph {graph.index}")
+            graph.executor = resolve_executor(self.executor, step.device)
             self._plan(graph, step)
         graph._swap = SwapManager(step.device)
         swapped = graph.plan.schedule.swapped_tensors()
         graph._swap.pool.reserve(sum(_align(graph.problem.tensors[t].nbytes) for t in swapped))
-        graph.executor = resolve_executor(self.executor, step.device)
         if graph.executor == "inductor":
             graph._inductor = InductorCompiler(graph._swap, has_swaps=bool(swapped))
         graph.lowered = lower_plan(joint, num_fwd_outputs, graph.problem, graph.plan.schedule, graph._swap)
@@ -306,10 +306,10 @@ class LibraBackend:
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=[step.device] if step.device.type == "cuda" else []):
             problem = problem_of(step, optimizer=self.optimizer, profile=self.profile)   # leaves the RNG as it was
-        if self.executor != "eager" and step.device.type == "cuda" and problem.device.memory_bytes_per_s:
+        if graph.executor != "eager" and problem.device.memory_bytes_per_s:
             from .costs import for_executor
 
-            problem = for_executor(problem, "inductor")     # recomputes priced as Inductor runs them (fused)
+            problem = for_executor(problem, graph.executor)     # recomputes priced as Inductor runs them (fused)
         graph.problem = problem
         graph.budget_bytes = parse_budget(self.budget, no_remat_peak(problem))
         margin = default_margin(graph.budget_bytes, step.device)
@@ -387,14 +387,16 @@ def _source_name(n: fx.Node) -> str:
 
 def _primal_kinds(gm: fx.GraphModule, example_inputs: list) -> list[str]:
     """``"parameter"`` / ``"buffer"`` / ``"input"`` per Dynamo graph input:
-    parameters are ``nn.Parameter``; buffers are read from a module's
-    ``_buffers`` (the placeholder's Dynamo source); the rest are the user's inputs."""
+    parameters are ``nn.Parameter`` (real or fake) or read from a module's
+    ``_parameters``, buffers from its ``_buffers`` (the placeholder's Dynamo
+    source); the rest are the user's inputs."""
     ph = list(gm.graph.find_nodes(op="placeholder"))
     kinds = []
     for k, t in enumerate(example_inputs):
-        if isinstance(t, torch.nn.Parameter):
+        source = _source_name(ph[k]) if k < len(ph) else ""
+        if isinstance(t, torch.nn.Parameter) or "_parameters" in source:
             kinds.append("parameter")
-        elif k < len(ph) and "_buffers" in _source_name(ph[k]):
+        elif "_buffers" in source:
             kinds.append("buffer")
         else:
             kinds.append("input")
@@ -408,7 +410,8 @@ def _real(t):
 
     if not isinstance(t, FakeTensor):
         return t
-    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device).zero_()
+    real = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device).zero_()
+    return real.requires_grad_(t.requires_grad)     # a parameter's gradient is counted in the fixed memory
 
 
 def _captured_step(joint: fx.GraphModule, num_fwd_outputs: int, primals: list, kinds: list, passes: dict,

@@ -51,6 +51,18 @@ def _eager_boxed(gm, example_inputs):
     return make_boxed_func(gm.forward)
 
 
+def _skipped_by_outer_compile(fn):
+    """``torch.compiler.disable(fn)`` with the reason TorchDynamo gives when
+    an outer ``torch.compile(..., fullgraph=True)`` reaches it (``reason=``
+    is taken by torch >= 2.8)."""
+    reason = ("an OptimizedModule runs its plan under a torch.compile of its own; compile the plain model "
+              "with torch.compile(model, backend=libra_opt.backend(budget=...)) instead")
+    try:
+        return torch.compiler.disable(fn, reason=reason)
+    except TypeError:   # pragma: no cover - torch < 2.8
+        return torch.compiler.disable(fn)
+
+
 class OptimizedModule(nn.Module):
     """A model that executes a rematerialization plan in every training step.
 
@@ -322,7 +334,7 @@ class OptimizedModule(nn.Module):
                 "torch._dynamo.config.recompile_limit); re-create the optimized module")
         return out
 
-    @torch.compiler.disable
+    @_skipped_by_outer_compile
     def _outside_outer_compile(self, *args, **kwargs):
         """The call, run outside an outer ``torch.compile`` of this module
         (TorchDynamo breaks its graph here and runs this eagerly:
@@ -338,8 +350,9 @@ class OptimizedModule(nn.Module):
         ``optimize(..., executor="inductor")`` or from
         ``torch.compile(model, backend=libra_opt.backend(budget=...))``
         (source: ``torch.compiler.disable``).  Under
-        ``torch.compile(..., fullgraph=True)`` TorchDynamo raises at this
-        graph break instead."""
+        ``torch.compile(..., fullgraph=True)`` TorchDynamo raises
+        ``torch._dynamo.exc.Unsupported`` at this graph break instead, with
+        the reason of :func:`_skipped_by_outer_compile`."""
         if not getattr(self, "_outer_compile_warned", False):
             self._outer_compile_warned = True
             warnings.warn(

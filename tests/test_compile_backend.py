@@ -207,6 +207,23 @@ def test_new_shape_gets_its_own_plan_and_no_grad_runs_without_one():
     assert [g.problem.provenance.batch for g in be.graphs if g.plan] == [256, 192]
 
 
+def test_fake_example_inputs_are_planned_with_zero_stand_ins():
+    """A backend may be handed fake tensors (here: TorchDynamo's own ``example_value`` fakes, as a
+    wrapping backend would pass them): the step is profiled on zeros of their sizes."""
+    model, ref = _mlp(), _mlp()
+    be = libra_opt.backend(0.5)
+
+    def with_fakes(gm, example_inputs):
+        return be(gm, [n.meta["example_value"] for n in gm.graph.find_nodes(op="placeholder")])
+
+    _assert_step_like_eager(torch.compile(model, backend=with_fakes, dynamic=False), model, ref, _x())
+    fixed = be.graphs[0].problem.fixed
+    param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert fixed.parameters_bytes == fixed.gradients_bytes == param_bytes
+    assert fixed.inputs_bytes >= _x().numel() * 4
+    _assert_plans_honour_budget(be)
+
+
 def test_symbolic_shapes_are_refused_with_a_hint():
     be = libra_opt.backend(0.5, profile=False)
     compiled = torch.compile(_mlp(), backend=be, dynamic=True)
@@ -252,3 +269,41 @@ def test_torch_compile_of_optimized_module_warns_and_runs_the_plan():
     with warnings.catch_warnings():
         warnings.simplefilter("error")                       # once per module
         _loss(compiled(_x())).backward()
+    torch._dynamo.reset()           # else the cached frame (with its graph break) is reused
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="OptimizedModule runs its plan.*libra_opt.backend"):
+        torch.compile(om, backend=outer_backend, fullgraph=True)(_x())
+
+
+# ---------------------------------------------------------------- CUDA: Inductor executor, memory as allocated
+@pytest.mark.cuda
+def test_cuda_backend_trains_under_inductor_within_the_budget():
+    """On a GPU the default executor is Inductor; after the compiling step, a planned step's
+    ``max_memory_allocated`` above what was allocated before it stays within the graph's budget
+    (the plan is made to the budget less the 5 % allocator margin), and the gradients are within
+    10x ``torch.compile``'s own error against eager (as in ``test_runtime_inductor.py``)."""
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(8)],
+                          nn.Linear(256, 1)).to(dev)
+    ref, tc = copy.deepcopy(model), copy.deepcopy(model)
+    x = torch.randn(4096, 256, device=dev, generator=torch.Generator(dev).manual_seed(1))
+    _loss(ref(x)).backward()
+    _loss(torch.compile(tc)(x)).backward()
+    eager = _grads(ref)
+    tc_err = max(float((g - r).abs().max()) for g, r in zip(_grads(tc), eager))
+    tol = max(10 * tc_err, 1e-6 * max(float(g.abs().max()) for g in eager))
+
+    be = libra_opt.backend(0.5)
+    compiled = torch.compile(model, backend=be, dynamic=False)
+    _loss(compiled(x)).backward()                       # compiles, profiles and plans
+    err = max(float((g - r).abs().max()) for g, r in zip(_grads(model), eager))
+    assert err <= tol, (err, tol)
+    model.zero_grad(set_to_none=True)                   # the gradients are graph outputs: inside the budget
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    _loss(compiled(x)).backward()
+    torch.cuda.synchronize()
+    g = be.graphs[0]
+    assert g.executor == "inductor" and g.plan.peak_bytes < no_remat_peak(g.problem)
+    assert torch.cuda.max_memory_allocated() - before <= g.budget_bytes

@@ -228,11 +228,12 @@ class LibraBackend:
             _check_static(gm)
             apply_graph_passes(gm)      # the capture's passes, so the graphs match the plan's
             kinds = _primal_kinds(gm, example_inputs)
+            autocast = _ambient_autocast(example_inputs)
             compiled = aot_autograd(
                 fw_compiler=lambda g, ex: self._compile_graph(graph, g, ex, backward=False),
                 bw_compiler=lambda g, ex: self._compile_graph(graph, g, ex, backward=True),
                 partition_fn=lambda joint, joint_inputs, *, num_fwd_outputs, **kw:
-                    self._partition(graph, joint, num_fwd_outputs, list(example_inputs), kinds),
+                    self._partition(graph, joint, num_fwd_outputs, list(example_inputs), kinds, autocast),
                 inference_compiler=lambda g, ex: self._compile_inference(graph, g, ex))(gm, example_inputs)
         except LibraOptError as e:
             graph.error = e
@@ -266,7 +267,7 @@ class LibraBackend:
         return len(self._breaks)
 
     def _partition(self, graph: CompiledGraph, joint: fx.GraphModule, num_fwd_outputs: int, primals: list,
-                   kinds: list):
+                   kinds: list, autocast: torch.dtype | None):
         """AOTAutograd's partition hook: plan the joint graph and lower the plan."""
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -277,6 +278,7 @@ class LibraBackend:
         passes = apply_joint_passes(joint, num_fwd_outputs)
         with unset_fake_temporarily():      # AOTAutograd traces under a fake mode; the profile runs real ops
             step = _captured_step(joint, num_fwd_outputs, primals, kinds, passes, f"graph {graph.index}")
+            step.autocast_dtype = autocast      # the problem's provenance dtype
             graph.executor = resolve_executor(self.executor, step.device)
             self._plan(graph, step)
         graph._swap = SwapManager(step.device)
@@ -376,6 +378,17 @@ def _check_static(gm: fx.GraphModule) -> None:
                 f"libra_opt.backend got a graph with symbolic sizes (input {n.name}: {tuple(sizes)}); a plan is "
                 f"made for one shape: compile with torch.compile(model, backend=..., dynamic=False) so that "
                 f"each new shape is planned on its own")
+
+
+def _ambient_autocast(example_inputs: list) -> torch.dtype | None:
+    """The dtype of the ``torch.autocast`` region the compiled call runs in
+    (on the inputs' device type), or ``None``: TorchDynamo traces the casts
+    into the graph, so the plan covers them; the dtype is recorded in the
+    problem's provenance."""
+    device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
 
 
 def _source_name(n: fx.Node) -> str:

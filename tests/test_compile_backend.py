@@ -207,6 +207,22 @@ def test_new_shape_gets_its_own_plan_and_no_grad_runs_without_one():
     assert [g.problem.provenance.batch for g in be.graphs if g.plan] == [256, 192]
 
 
+def test_call_under_autocast_trains_like_eager_autocast():
+    model, ref = _mlp(), _mlp()
+    be = libra_opt.backend(0.5, profile=False)
+    compiled = torch.compile(model, backend=be, dynamic=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):       # the casts are traced into the graph and planned
+        loss = _loss(compiled(_x()).float())
+    loss.backward()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref_loss = _loss(ref(_x()).float())
+    ref_loss.backward()
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.equal(g, r) for g, r in zip(_grads(model), _grads(ref)))
+    assert be.graphs[0].problem.provenance.dtype == "bfloat16"
+    _assert_plans_honour_budget(be)
+
+
 def test_fake_example_inputs_are_planned_with_zero_stand_ins():
     """A backend may be handed fake tensors (here: TorchDynamo's own ``example_value`` fakes, as a
     wrapping backend would pass them): the step is profiled on zeros of their sizes."""

@@ -237,6 +237,8 @@ class LibraBackend:
                 inference_compiler=lambda g, ex: self._compile_inference(graph, g, ex))(gm, example_inputs)
         except LibraOptError as e:
             graph.error = e
+            if hasattr(e, "add_note"):      # Python >= 3.11: the traceback names the graph
+                e.add_note(f"in libra_opt.backend's graph {graph.index} (backend.graphs[{graph.index}])")
             logger.warning("libra_opt.backend: graph %d not planned: %s", graph.index, e)
             return _raise_when_called(e)
         return compiled
@@ -277,7 +279,7 @@ class LibraBackend:
 
         passes = apply_joint_passes(joint, num_fwd_outputs)
         with unset_fake_temporarily():      # AOTAutograd traces under a fake mode; the profile runs real ops
-            step = _captured_step(joint, num_fwd_outputs, primals, kinds, passes, f"graph {graph.index}")
+            step = _captured_step(joint, num_fwd_outputs, primals, kinds, passes, _graph_name(graph.index))
             step.autocast_dtype = autocast      # the problem's provenance dtype
             graph.executor = resolve_executor(self.executor, step.device)
             self._plan(graph, step)
@@ -320,6 +322,8 @@ class LibraBackend:
         except InfeasibleBudgetError:
             if not margin:
                 raise
+            logger.warning("libra_opt.backend: graph %d: no plan within the budget less the allocator margin "
+                           "(%d bytes); planning to the whole budget", graph.index, margin)
             graph.plan = solve(problem, graph.budget_bytes, self.solver, **self.solver_options)
         logger.info("libra_opt.backend: graph %d planned by %s: predicted peak %d bytes of a %d-byte budget "
                     "in %.2f s", graph.index, graph.plan.solver, graph.plan.peak_bytes, graph.budget_bytes,
@@ -378,6 +382,15 @@ def _check_static(gm: fx.GraphModule) -> None:
                 f"libra_opt.backend got a graph with symbolic sizes (input {n.name}: {tuple(sizes)}); a plan is "
                 f"made for one shape: compile with torch.compile(model, backend=..., dynamic=False) so that "
                 f"each new shape is planned on its own")
+
+
+def _graph_name(index: int) -> str:
+    """``"graph 3 (compile 1/0)"``: the compile order and TorchDynamo's compile id (frame / recompile, as
+    ``TORCH_LOGS`` prints it) of the graph being compiled."""
+    from torch._guards import CompileContext
+
+    cid = CompileContext.current_compile_id()
+    return f"graph {index}" + (f" (compile {cid})" if cid is not None else "")
 
 
 def _ambient_autocast(example_inputs: list) -> torch.dtype | None:

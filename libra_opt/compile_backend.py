@@ -35,7 +35,10 @@ plan.
 **Shapes.**  A plan is made for the shapes of the call that compiled it;
 compile with ``dynamic=False`` so that TorchDynamo recompiles (and the backend
 plans again) for each new shape instead of handing it a graph with symbolic
-sizes, which is refused (:class:`~libra_opt.errors.CaptureError`).
+sizes, which is refused (:class:`~libra_opt.errors.CaptureError`).  After
+``torch._dynamo.config.recompile_limit`` shapes of one frame (8 by default)
+TorchDynamo runs further shapes eagerly, without calling the backend: without
+a plan.
 
 **Errors** of planning (an infeasible budget, a data-dependent op) are raised
 at the call that compiled the graph, as themselves: TorchDynamo would wrap

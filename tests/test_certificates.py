@@ -186,3 +186,25 @@ def test_compute_floor_skips_nodes_no_output_needs():
     assert compute_floor_s(p) == 3.0 < p.total_compute_s
     skip = Schedule([Compute(0), Compute(2), Free(p.nodes[0].outputs[0])])
     assert simulate(p, skip).time_s == 3.0   # the simulator accepts the plan without the dead node
+
+
+def test_checkmate_model_is_no_relaxation_so_its_bound_skips_a_reordered_plan_that_beats_it():
+    """Checkmate's model fixes the order of first computations.  Here computing b, c before a avoids
+    holding a (10 B) next to b (10 B): no recompute at all, 8 s, where the model's optimum at 15 B
+    recomputes a (13 s).  The MILP bound 13 s is no bound on that plan: it is not applied to it."""
+    b = ProblemBuilder()
+    x = b.input("x", 1)
+    (a,) = b.op("a", [x], [("a", 10)], time_s=5.0)
+    (y,) = b.op("b", [x], [("b", 10)], time_s=1.0)
+    (c,) = b.op("c", [y], [("c", 1)], time_s=1.0)
+    (d,) = b.op("d", [a, c], [("d", 1)], time_s=1.0)
+    p = b.build(outputs=[d], name="reorder")
+    milp = solve(p, 15, solver="checkmate-milp", **FAST_MILP)
+    assert milp.status == "optimal" and milp.time_s == 13.0 and milp.gap == pytest.approx(0.0, abs=1e-6)
+    reordered = Schedule([Compute(1), Compute(2), Free(y), Compute(0), Compute(3), Free(a), Free(c)])
+    sim = simulate(p, reordered, budget=15)
+    assert plan_class(reordered) == RECOMPUTE and sim.time_s == 8.0 < max(bd.value_s for bd in milp.bounds)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", InvalidBoundWarning)
+        cert = best_bound(p, 15, reordered, milp.bounds, simulation=sim)
+    assert cert.bound is None and cert.gap is None

@@ -29,6 +29,7 @@ Usage::
         --modes recompute --time-limit 60
     python benchmarks/optimality.py GRAPHS --only vgg16 random_layered_n100 --budgets 0.9,0.8
     python benchmarks/optimality.py GRAPHS --modes recompute,hybrid --copy-ratio 1   # after hybrid-milp lands
+    python benchmarks/optimality.py --table-from benchmarks/results/optimality.csv  # re-print a table
 
 Times in the node-link graphs are relative cost units (see
 benchmarks/checkmate_graphs.py).  ``--copy-ratio R`` sets both copy
@@ -55,7 +56,7 @@ MODES = {"recompute": (("libra", {"policy": "recompute"}), "checkmate-milp"),
 
 FIELDS = ["instance", "nodes", "budget_fraction", "budget_bytes", "mode", "greedy_status", "greedy_added",
           "greedy_time", "greedy_solve_s", "exact", "exact_status", "exact_added", "exact_time", "exact_solve_s",
-          "exact_proven", "ratio_added", "ratio_time", "greedy_gap", "bound_s", "bound_kind", "bound_source",
+          "exact_proven", "exact_returned", "ratio_added", "ratio_time", "greedy_gap", "bound_s", "bound_kind", "bound_source",
           "note"]
 
 
@@ -77,6 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=str(RESULTS / "optimality.csv"), help="CSV of every row")
     p.add_argument("--markdown", default=None, metavar="OUT.md", help="also write the table here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--table-from", metavar="CSV", help="only print the table of a CSV this script wrote")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in args.modes if m not in MODES]
@@ -156,6 +158,7 @@ def compare_pair(problem, budget_bytes: int, mode: str, exact: str, time_limit: 
     e = run("exact", exact, time_limit_options([exact], time_limit).get(exact, {}))
     if e is not None:
         row["exact_proven"] = e.success and e.gap is not None and e.gap <= 1e-4
+        row["exact_returned"] = e.extras.get("returned")   # e.g. "libra": its own search found nothing better
         if e.extras.get("bound_note"):
             notes.append(e.extras["bound_note"])
     if g is not None and g.success:
@@ -189,9 +192,14 @@ def cell(row: dict) -> str:
     star = "*" if row.get("exact_proven") else ""
     g = _num(row.get("greedy_added")) if g_ok else row.get("greedy_status")
     e = (_num(row.get("exact_added")) + star) if e_ok else row.get("exact_status")
+    if e_ok and row.get("exact_returned"):
+        e += f" ({row['exact_returned']}'s plan, {row.get('exact_status')})"
     ratio = f" ({row['ratio_added']:.2f}x)" if row.get("ratio_added") is not None else ""
     gp = row.get("greedy_gap")
     gaptxt = "" if not g_ok else (f", gap {gp:.1%}" if gp is not None else ", bound unknown")
+    bound_added = None if gp is None else row["bound_s"] - (row["greedy_time"] - row["greedy_added"])
+    if bound_added is not None and bound_added > 0:
+        gaptxt += f" (added <= {row['greedy_added'] / bound_added:.2f}x opt)"
     secs = f", {_num(row.get('greedy_solve_s'), '{:.2f}')} / {_num(row.get('exact_solve_s'), '{:.1f}')} s"
     return f"{g} / {e}{ratio}{gaptxt}{secs}"
 
@@ -221,6 +229,28 @@ def write_csv(rows: list[dict], path: Path) -> None:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in FIELDS})
 
 
+def read_csv(path: Path) -> list[dict]:
+    """Rows of a CSV written by :func:`write_csv`, numbers parsed."""
+    import csv
+
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            row = {}
+            for k, v in r.items():
+                if v == "":
+                    row[k] = None
+                elif k in ("exact_proven",):
+                    row[k] = v == "True"
+                else:
+                    try:
+                        row[k] = int(v) if k in ("nodes", "budget_bytes") else float(v)
+                    except ValueError:
+                        row[k] = v
+            rows.append(row)
+    return rows
+
+
 def load(path: Path, copy_ratio: float | None):
     from libra_opt.importers import load_problem_any
     from libra_opt.simulator import no_remat_peak
@@ -239,6 +269,11 @@ def main(argv=None) -> int:
 
     from libra_opt.simulator import no_remat_peak
 
+    if args.table_from:
+        rows = read_csv(Path(args.table_from))
+        modes = list(dict.fromkeys(r["mode"] for r in rows))
+        print(markdown(rows, modes, {m: next(r["exact"] for r in rows if r["mode"] == m) for m in modes}))
+        return 0
     paths = instances(args)
     if not paths:
         print("no instances: pass a GRAPHS folder and/or --problems DIR (see --help)", file=sys.stderr)
@@ -275,7 +310,8 @@ def main(argv=None) -> int:
     table = markdown(rows, args.modes, exacts)
     print(table)
     print(f"\nCells: libra's added cost / the exact solver's (* proven optimal) (ratio of added cost), libra's gap "
-          f"to the best valid lower bound on step time, solve s (libra / exact). Total {time.perf_counter() - t0:.0f} s; "
+          f"to the best valid lower bound on step time (and what it bounds the ratio of added costs by), solve s "
+          f"(libra / exact). Total {time.perf_counter() - t0:.0f} s; "
           f"rows: {args.out}")
     if args.markdown:
         from libra_opt.atomic import atomic_write

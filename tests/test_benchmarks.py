@@ -214,3 +214,5 @@ def test_optimality_table_marks_hybrid_n_a_without_hybrid_milp_and_gaps_are_vali
         if r["greedy_gap"]:
             assert float(r["greedy_gap"]) >= 0 and r["bound_kind"] in ("recompute", "hybrid")
     assert (tmp_path / "t.md").read_text().strip() == "\n".join(table.split("\n\nCells")[0].splitlines()[-4:])
+    assert opt.main(["--table-from", str(out)]) == 0                # the CSV re-renders the same table
+    assert capsys.readouterr().out.strip() == (tmp_path / "t.md").read_text().strip()

@@ -8,7 +8,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from libra_opt.schedule import Schedule
     from libra_opt.simulator import SimulationResult
 
-OPTIMAL = "optimal"        #: proven optimal (within the solver's gap)
+#: proven optimal (within the solver's gap) among the plans of the solver's model; for Checkmate's
+#: MILP that is not every plan the simulator accepts (``gap`` / ``bound_kind`` say what is proven)
+OPTIMAL = "optimal"
 FEASIBLE = "feasible"      #: a plan within budget, optimality not proven
 INFEASIBLE = "infeasible"  #: no plan within budget (only with ``raise_on_infeasible=False``)
 TIME_LIMIT = "time_limit"  #: stopped at the time limit with a plan

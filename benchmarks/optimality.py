@@ -17,7 +17,10 @@ lower bound valid for libra's plan
 (:func:`libra_opt.solvers.certificates.best_bound`; "bound unknown" where
 none holds, e.g. a coarsened model's, or a Checkmate bound on a plan its
 model does not dominate), and the solve seconds of both.  "infeasible" where
-neither finds a plan.
+neither finds a plan: "proven" when the budget is below the memory floor
+(:func:`libra_opt.bounds.memory_lower_bound`), else "no plan found" (the
+exact solver stopped at its time limit, or its model excludes the plans that
+would fit).
 
 Writes ``benchmarks/results/optimality.csv`` (one row per instance, budget
 and mode, rewritten after each instance) and the markdown table to stdout
@@ -54,7 +57,7 @@ log = logging.getLogger("optimality")
 MODES = {"recompute": (("libra", {"policy": "recompute"}), "checkmate-milp"),
          "hybrid": (("libra", {"policy": "hybrid"}), "hybrid-milp")}
 
-FIELDS = ["instance", "nodes", "budget_fraction", "budget_bytes", "mode", "greedy_status", "greedy_added",
+FIELDS = ["instance", "nodes", "budget_fraction", "budget_bytes", "below_floor", "mode", "greedy_status", "greedy_added",
           "greedy_time", "greedy_solve_s", "exact", "exact_status", "exact_added", "exact_time", "exact_solve_s",
           "exact_proven", "exact_returned", "ratio_added", "ratio_time", "greedy_gap", "bound_s", "bound_kind", "bound_source",
           "note"]
@@ -137,8 +140,11 @@ def compare_pair(problem, budget_bytes: int, mode: str, exact: str, time_limit: 
 
     (greedy, gopts) = MODES[mode][0]
     row = dict(mode=mode, budget_bytes=budget_bytes, exact=exact)
+    from libra_opt.bounds import memory_lower_bound
+
     base = problem.total_compute_s
     notes = []
+    row["below_floor"] = budget_bytes < memory_lower_bound(problem)   # no plan can fit: proven infeasible
 
     def run(prefix, name, options):
         res = solve_one(problem, budget_bytes, name, options)
@@ -187,8 +193,10 @@ def cell(row: dict) -> str:
         return f"{_num(g)} / n/a" if g is not None else f"{row.get('greedy_status')} / n/a"
     g_ok, e_ok = row.get("greedy_added") is not None, row.get("exact_added") is not None
     if not g_ok and not e_ok:
-        return "infeasible" if row.get("greedy_status") == "infeasible" and row.get("exact_status") == \
-            "infeasible" else f"{row.get('greedy_status')} / {row.get('exact_status')}"
+        if row.get("below_floor") is True or row.get("below_floor") == "True":
+            return "infeasible (proven: below the memory floor)"
+        return ("infeasible (no plan found)" if row.get("greedy_status") == "infeasible" and
+                row.get("exact_status") == "infeasible" else f"{row.get('greedy_status')} / {row.get('exact_status')}")
     star = "*" if row.get("exact_proven") else ""
     g = _num(row.get("greedy_added")) if g_ok else row.get("greedy_status")
     e = (_num(row.get("exact_added")) + star) if e_ok else row.get("exact_status")
@@ -240,7 +248,7 @@ def read_csv(path: Path) -> list[dict]:
             for k, v in r.items():
                 if v == "":
                     row[k] = None
-                elif k in ("exact_proven",):
+                elif k in ("exact_proven", "below_floor"):
                     row[k] = v == "True"
                 else:
                     try:

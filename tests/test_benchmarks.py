@@ -205,7 +205,7 @@ def test_optimality_table_marks_hybrid_n_a_without_hybrid_milp_and_gaps_are_vali
     assert "| recompute: libra / checkmate-milp | hybrid: libra / no-such-hybrid |" in table
     lines = [ln for ln in table.splitlines() if ln.startswith("| tiny |")]
     assert len(lines) == 2 and all("/ n/a" in ln for ln in lines)   # the hybrid exact solver is not registered
-    assert "infeasible" in lines[1]                                 # 0.2 of the peak: nobody plans it
+    assert "infeasible (proven: below the memory floor)" in lines[1]   # 0.2 of the peak
     import csv
 
     rows = list(csv.DictReader(open(out)))

@@ -54,7 +54,7 @@ REL_TOL = 1e-6
 
 __all__ = ["Bound", "Certificate", "InvalidBoundWarning", "RECOMPUTE", "HYBRID", "BOUND_KINDS", "REL_TOL",
            "plan_class", "gap", "best_bound", "checkmate_covers", "compute_floor_s", "floor_bound",
-           "checkmate_bounds"]
+           "checkmate_bounds", "model_covers"]
 
 
 class InvalidBoundWarning(UserWarning):
@@ -295,35 +295,65 @@ def checkmate_covers(graph: "CheckmateGraph", budget_bytes: int) -> Callable[["S
         first computations, or whose image in the model is over the budget
         or costlier.
     """
-    from libra_opt.errors import LibraOptError
-    from libra_opt.simulator import simulate
-
     from .checkmate_model import model_peak_bytes
     from .checkmate_plan import rs_from_s, s_from_schedule
 
-    seen: dict[int, tuple] = {}  # id(schedule) -> (schedule, answer): several bounds share one test
+    def image(schedule: "Schedule"):
+        if plan_class(schedule) != RECOMPUTE:
+            return None
+        R, S = rs_from_s(graph, s_from_schedule(graph, schedule))
+        off = R.copy()
+        off[range(graph.n), range(graph.n)] = False
+        model_s = float(graph.cost_s.sum()) + float((off.sum(axis=0) * graph.recompute_cost_s).sum())
+        return model_s, model_peak_bytes(graph, R, S)
+
+    return model_covers(graph.problem, budget_bytes, image)
+
+
+def model_covers(problem: "RematProblem", budget_bytes: int, image: Callable[["Schedule"], tuple | None]
+                 ) -> Callable[["Schedule"], bool]:
+    """A ``covers`` test for the bound of an optimization model that is no
+    relaxation of the simulator: the plan is covered when the model has a
+    point within ``budget_bytes`` that costs no more than the plan's
+    simulated time, so the model's optimum (and any bound on it) is at most
+    that time.  Used by :func:`checkmate_covers`; a model of swaps (e.g.
+    ``hybrid-milp``) passes its own ``image``.
+
+    Parameters
+    ----------
+    problem : RematProblem
+        The problem the plans are simulated on (never a coarsened one).
+    budget_bytes : int
+        The model's budget (bytes).
+    image : callable
+        ``image(schedule) -> (model_time_s, model_peak_bytes)`` of the
+        model's point for the plan (one that computes no more than it), or
+        None when the plan has none; a
+        :class:`~libra_opt.errors.LibraOptError` counts as None.
+
+    Returns
+    -------
+    callable
+        ``covers(schedule) -> bool``, memoized per schedule object (the
+        bounds of one solve share it).
+    """
+    from libra_opt.errors import LibraOptError
+    from libra_opt.simulator import simulate
+
+    seen: dict[int, tuple] = {}  # id(schedule) -> (schedule, answer)
 
     def covers(schedule: "Schedule") -> bool:
         hit = seen.get(id(schedule))
         if hit is not None and hit[0] is schedule:
             return hit[1]
-        answer = dominated(schedule)
+        try:
+            point = image(schedule)
+        except LibraOptError:
+            point = None
+        answer = (point is not None and point[1] <= budget_bytes
+                  and point[0] <= simulate(problem, schedule).time_s * (1 + REL_TOL))
         seen[id(schedule)] = (schedule, answer)
         return answer
-
-    def dominated(schedule: "Schedule") -> bool:
-        if plan_class(schedule) != RECOMPUTE:
-            return False
-        try:
-            R, S = rs_from_s(graph, s_from_schedule(graph, schedule))
-        except LibraOptError:
-            return False
-        if model_peak_bytes(graph, R, S) > budget_bytes:
-            return False
-        off = R.copy()
-        off[range(graph.n), range(graph.n)] = False
-        model_s = float(graph.cost_s.sum()) + float((off.sum(axis=0) * graph.recompute_cost_s).sum())
-        return model_s <= simulate(graph.problem, schedule).time_s * (1 + REL_TOL)
 
     return covers
 

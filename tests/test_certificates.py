@@ -208,3 +208,28 @@ def test_checkmate_model_is_no_relaxation_so_its_bound_skips_a_reordered_plan_th
         warnings.simplefilter("error", InvalidBoundWarning)
         cert = best_bound(p, 15, reordered, milp.bounds, simulation=sim)
     assert cert.bound is None and cert.gap is None
+
+
+def test_model_covers_needs_a_point_within_budget_that_costs_no_more():
+    from libra_opt.errors import SolverError
+    from libra_opt.solvers.certificates import model_covers
+
+    p = chain()
+    plan = no_remat_schedule(p)                      # 19 s, peak 91 B
+    calls = []
+
+    def image(points):
+        def f(schedule):
+            calls.append(schedule)
+            if points is None:
+                raise SolverError("not in the model")
+            return points
+        return f
+
+    assert model_covers(p, 91, image((19.0, 91)))(plan)
+    assert not model_covers(p, 90, image((19.0, 91)))(plan)      # the model's point is over its budget
+    assert not model_covers(p, 91, image((20.0, 80)))(plan)      # the model's point costs more
+    assert not model_covers(p, 91, image(None))(plan)            # no point: not covered
+    calls.clear()
+    test = model_covers(p, 91, image((19.0, 91)))
+    assert test(plan) and test(plan) and len(calls) == 1         # memoized per schedule

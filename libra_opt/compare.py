@@ -2,8 +2,9 @@
 
 :func:`compare` runs every solver at every budget on one problem and returns
 one :class:`Row` per (budget, solver): status, added step time, simulated
-peak, solve time, and the gap to the best lower bound any solver reported at
-that budget.  :func:`rows_to_csv`, :func:`format_table` and :func:`plot_rows`
+peak, solve time, and the gap to the best lower bound valid for the row's
+plan among the bounds every solver proved at that budget
+(:func:`~libra_opt.solvers.certificates.best_bound`).  :func:`rows_to_csv`, :func:`format_table` and :func:`plot_rows`
 write the rows out.  This is the trade-off sweep of Checkmate (Jain et al.,
 MLSys 2020, sec. 6, fig. 5): cost of rematerialization against the budget,
 per method.
@@ -16,7 +17,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ from .atomic import atomic_write
 from .errors import SolverError
 from .problem import RematProblem
 from .simulator import no_remat_peak
+from .solvers.certificates import best_bound
 from .units import format_bytes, format_seconds, parse_budget
 
 log = logging.getLogger(__name__)
@@ -65,15 +66,22 @@ class Row:
     solve_s : float
         Wall-clock seconds the solver took.
     lower_bound_s : float or None
-        The step-time lower bound this solver reported (s), if any.
+        The step-time lower bound this solver proved that is valid for its
+        own plan (s), if any (:attr:`SolveResult.lower_bound_s`).
     best_lower_bound_s : float or None
-        The largest lower bound any solver reported at this budget (s).
+        The largest bound any solver proved at this budget that is valid for
+        this row's plan (s): :func:`~libra_opt.solvers.certificates.best_bound`
+        (a ``"recompute"`` bound only for a plan without swaps, Checkmate's
+        only for a plan its model dominates, never a coarsened model's).
     gap : float or None
-        ``(time_s - best_lower_bound_s) / best_lower_bound_s``, never
-        negative.  A bound is only valid under its solver's model (Checkmate's
-        is recompute-only), so a plan faster than it (one that swaps) has no
-        gap: ``None``, shown as "bound n/a *" with a footnote by
-        :func:`format_table`.
+        ``(time_s - best_lower_bound_s) / best_lower_bound_s``
+        (:func:`~libra_opt.solvers.certificates.gap`), never negative: the
+        plan is at most this much slower than the best plan of class
+        ``bound_kind``.  None: "bound unknown" (no valid bound for this plan).
+    bound_kind : {"recompute", "hybrid"} or None
+        The plan class ``best_lower_bound_s`` bounds.
+    bound_source : str or None
+        Who proved ``best_lower_bound_s``.
     min_feasible_bytes : int or None
         For an infeasible row: the smallest budget the solver could meet.
     message : str
@@ -94,6 +102,8 @@ class Row:
     gap: float | None
     min_feasible_bytes: int | None
     message: str
+    bound_kind: str | None = None
+    bound_source: str | None = None
 
     @property
     def success(self) -> bool:
@@ -218,7 +228,7 @@ def compare(problem: RematProblem, budgets: Sequence, solvers: Sequence, *,
         inst, reason = _make_solver(s, opts)
         made.append((name, inst, reason))
 
-    results: dict[tuple[int, int], Row] = {}
+    results: dict[tuple[int, int], tuple] = {}   # (budget, solver) -> (Row, SolveResult or None)
     # disable=None: tqdm draws no bar when stderr is not a terminal (logs, CI)
     bar = tqdm(total=len(budget_bytes) * len(made), disable=None if progress else True, desc=problem.name,
                unit="solve", leave=False)
@@ -232,21 +242,24 @@ def compare(problem: RematProblem, budgets: Sequence, solvers: Sequence, *,
         bar.close()
 
     rows: list[Row] = []
-    for i in range(len(budget_bytes)):
+    for i, b in enumerate(budget_bytes):
         at = [results[i, j] for j in range(len(made))]
-        lbs = [r.lower_bound_s for r in at if r.lower_bound_s is not None and math.isfinite(r.lower_bound_s)]
-        best = max(lbs) if lbs else None
-        for r in at:
-            gap = None
-            # a plan faster than the bound is not bounded by it (the bound is of a
-            # recompute-only model): no gap then, never a negative one
-            if best is not None and best > 0 and r.time_s is not None and r.time_s >= best * (1 - 1e-9):
-                gap = max(0.0, (r.time_s - best) / best)
-            rows.append(dataclasses.replace(r, best_lower_bound_s=best, gap=gap))
+        bounds = [bd for _, res in at if res is not None for bd in res.bounds]
+        for r, res in at:
+            if res is None or res.schedule is None:
+                rows.append(r)
+                continue
+            # each plan gets the best bound valid for it: its class, budget, and the bound's model
+            cert = best_bound(problem, b, res.schedule, bounds, simulation=res.simulation)
+            rows.append(dataclasses.replace(r, best_lower_bound_s=cert.lower_bound_s, gap=cert.gap,
+                                            bound_kind=cert.kind,
+                                            bound_source=None if cert.bound is None else cert.bound.source))
     return rows
 
 
-def _run_one(problem, inst, name, reason, budget_bytes, peak, base_s) -> Row:
+def _run_one(problem, inst, name, reason, budget_bytes, peak, base_s) -> tuple:
+    """``(Row, SolveResult)`` of one solver at one budget; the result is None
+    when the solver did not run or failed."""
     from .solvers.result import INFEASIBLE
 
     common = dict(problem=problem.name, budget_bytes=int(budget_bytes),
@@ -254,21 +267,21 @@ def _run_one(problem, inst, name, reason, budget_bytes, peak, base_s) -> Row:
                   best_lower_bound_s=None, gap=None)
     empty = dict(added_s=None, time_s=None, peak_bytes=None, lower_bound_s=None, min_feasible_bytes=None)
     if inst is None:
-        return Row(status=UNAVAILABLE, solve_s=0.0, message=reason, **empty, **common)
+        return Row(status=UNAVAILABLE, solve_s=0.0, message=reason, **empty, **common), None
     t0 = time.perf_counter()
     try:
         res = inst.solve(problem, int(budget_bytes), raise_on_infeasible=False)
     except ImportError as e:  # SolverUnavailableError: a backend is missing
-        return Row(status=UNAVAILABLE, solve_s=0.0, message=str(e), **empty, **common)
+        return Row(status=UNAVAILABLE, solve_s=0.0, message=str(e), **empty, **common), None
     except SolverError as e:
         log.warning("solver %s failed on %s at %s: %s", name, problem.name, format_bytes(budget_bytes), e)
-        return Row(status=ERROR, solve_s=time.perf_counter() - t0, message=str(e), **empty, **common)
+        return Row(status=ERROR, solve_s=time.perf_counter() - t0, message=str(e), **empty, **common), None
     if res.status == INFEASIBLE or res.schedule is None:
         return Row(status=res.status, solve_s=res.solve_s, message=res.message,
-                   **{**empty, "min_feasible_bytes": res.min_feasible_bytes}, **common)
+                   **{**empty, "min_feasible_bytes": res.min_feasible_bytes}, **common), res
     return Row(status=res.status, added_s=res.added_s, time_s=res.time_s, peak_bytes=res.peak_bytes,
                solve_s=res.solve_s, lower_bound_s=res.lower_bound_s, min_feasible_bytes=None,
-               message=res.message, **common)
+               message=res.message, **common), res
 
 
 def rows_to_csv(rows: Iterable[Row], path: str | os.PathLike) -> Path:
@@ -314,7 +327,8 @@ def format_table(rows: Iterable[Row]) -> str:
 
     Columns: budget (fraction of the no-remat peak and bytes), solver, status,
     added time (s and % of the no-remat step), peak, solve time, gap to the
-    best lower bound at that budget.  Infeasible rows show the smallest
+    best lower bound valid for the plan with its class (``recompute`` /
+    ``hybrid``), or "bound unknown" with a footnote.  Infeasible rows show the smallest
     budget the solver could meet in the peak column.
     """
     head = ["budget", "solver", "status", "added", "added %", "peak", "solve time", "gap to bound"]
@@ -327,9 +341,9 @@ def format_table(rows: Iterable[Row]) -> str:
         else:
             added = pct = "-"
             peak = (f"needs >= {format_bytes(r.min_feasible_bytes)}" if r.min_feasible_bytes is not None else "-")
-        gap = f"{r.gap:.2%}" if r.gap is not None else "-"
-        if r.success and r.gap is None and r.best_lower_bound_s is not None:
-            gap, unbounded = "bound n/a *", True
+        gap = f"{r.gap:.2%} ({r.bound_kind})" if r.gap is not None else "-"
+        if r.success and r.gap is None:
+            gap, unbounded = "bound unknown *", True
         solve = format_seconds(r.solve_s) if r.status != UNAVAILABLE else "-"
         lines.append("| " + " | ".join([_fmt_budget(r), r.solver, r.status, added, pct, peak, solve, gap]) + " |")
     if unbounded:
@@ -338,10 +352,11 @@ def format_table(rows: Iterable[Row]) -> str:
     return "\n".join(lines)
 
 
-#: the footnote of a "bound n/a *" gap in :func:`format_table`
-UNBOUNDED_NOTE = ("* bound n/a: this plan is faster than the best lower bound at its budget. That bound is the "
-                  "Checkmate LP/MILP's, which bounds recompute-only plans of its model; a plan that swaps does "
-                  "not obey it, so there is no gap to report.")
+#: the footnote of a "bound unknown *" gap in :func:`format_table`
+UNBOUNDED_NOTE = ("* bound unknown: no lower bound proven at this budget holds for this plan. A recompute bound "
+                  "(Checkmate's LP/MILP) holds only for plans without swaps that its model dominates (first "
+                  "computations in node order), a coarsened model's bound for no plan of the original; a hybrid "
+                  "bound (hybrid-milp) holds for every plan.")
 
 
 def plot_rows(rows: Iterable[Row], path: str | os.PathLike, *, title: str | None = None) -> Path:

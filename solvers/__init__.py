@@ -4,6 +4,7 @@ See :mod:`libra_opt.solvers.registry` for the registry and
 :mod:`libra_opt.solvers.base` for the :class:`Solver` base class.
 """
 from .base import NoOptions, Solver, UnknownOptionWarning
+from .certificates import Bound, InvalidBoundWarning, best_bound
 from .registry import BUILTIN_SOLVERS, available_solvers, get_solver, register_solver, solver_class
 from .result import FEASIBLE, INFEASIBLE, OPTIMAL, STATUSES, TIME_LIMIT, RawSolution, SolveResult
 
@@ -40,4 +41,4 @@ def solve_many(problem, budgets, solver="libra", *, raise_on_infeasible: bool = 
 
 __all__ = ["Solver", "NoOptions", "UnknownOptionWarning", "SolveResult", "RawSolution", "solve", "solve_many",
            "register_solver", "get_solver", "solver_class", "available_solvers", "BUILTIN_SOLVERS",
-           "OPTIMAL", "FEASIBLE", "INFEASIBLE", "TIME_LIMIT", "STATUSES"]
+           "OPTIMAL", "FEASIBLE", "INFEASIBLE", "TIME_LIMIT", "STATUSES", "Bound", "InvalidBoundWarning", "best_bound"]

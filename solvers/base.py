@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from libra_opt.problem import RematProblem
 from libra_opt.simulator import simulate
 from libra_opt.units import parse_budget
 
+from .certificates import Bound, best_bound
 from .result import FEASIBLE, INFEASIBLE, RawSolution, SolveResult
 
 log = logging.getLogger("libra_opt.solvers")
@@ -51,6 +53,10 @@ class Solver:
     """
 
     name: ClassVar[str] = ""
+    #: the plan class (``"recompute"`` / ``"hybrid"``) an untagged
+    #: ``RawSolution.lower_bound_s`` bounds; None: untagged bounds are dropped
+    #: (report :class:`~libra_opt.solvers.certificates.Bound` objects instead)
+    bound_kind: ClassVar[str | None] = None
     requires: ClassVar[tuple[str, ...]] = ()
     citation: ClassVar[str] = ""
     Options: ClassVar[type] = NoOptions
@@ -93,18 +99,34 @@ class Solver:
         except ScheduleError as e:
             raise SolverError(f"solver {self.name!r} produced a plan the simulator rejects: {e}. "
                               f"This is a bug in the solver; please report it") from e
-        lb = raw.lower_bound_s
-        gap = None
-        if lb is not None and lb > 0:
-            gap = max(0.0, (sim.time_s - lb) / lb)
         meta = dict(raw.schedule.meta)
         meta.setdefault("solver", self.name)
         meta["budget_bytes"] = int(budget_bytes)
         raw.schedule.meta = meta
+        bounds = self._bounds(raw, budget_bytes)
+        cert = best_bound(problem, budget_bytes, raw.schedule, bounds, simulation=sim)
+        extras = dict(raw.extras)
+        if cert.invalid:
+            extras["invalid_bounds"] = [why for _, why in cert.invalid]
         return SolveResult(status=raw.status, schedule=raw.schedule, solver=self.name, budget_bytes=budget_bytes,
                            peak_bytes=sim.peak_bytes, time_s=sim.time_s, added_s=sim.added_s,
-                           lower_bound_s=lb, gap=gap, solve_s=solve_s, message=raw.message,
-                           simulation=sim, extras=dict(raw.extras))
+                           lower_bound_s=cert.lower_bound_s, gap=cert.gap, bound_kind=cert.kind,
+                           bound_source=None if cert.bound is None else cert.bound.source, solve_s=solve_s,
+                           message=raw.message, simulation=sim, extras=extras, bounds=bounds)
+
+    def _bounds(self, raw: RawSolution, budget_bytes: int) -> tuple:
+        """The solver's bounds: ``raw.bounds`` plus an untagged
+        ``raw.lower_bound_s`` tagged with :attr:`bound_kind` (dropped with a
+        warning when the class sets none)."""
+        bounds = tuple(raw.bounds)
+        lb = raw.lower_bound_s
+        if lb is not None and math.isfinite(lb):
+            if self.bound_kind is None:
+                log.warning("solver %s reports lower_bound_s=%r without a plan class: it is not used; set "
+                            "%s.bound_kind or return certificates.Bound objects", self.name, lb, type(self).__name__)
+            else:
+                bounds += (Bound(float(lb), self.bound_kind, self.name, int(budget_bytes)),)
+        return bounds
 
     def _infeasible(self, budget_bytes: int, err: InfeasibleBudgetError, solve_s: float) -> SolveResult:
         return SolveResult(status=INFEASIBLE, schedule=None, solver=self.name, budget_bytes=budget_bytes,

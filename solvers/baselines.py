@@ -44,6 +44,7 @@ from libra_opt.schedule import Schedule, no_remat_schedule
 from libra_opt.simulator import SimulationResult, simulate
 
 from .base import Solver
+from .certificates import floor_bound
 from .registry import register_solver
 from .result import OPTIMAL, RawSolution
 
@@ -380,8 +381,10 @@ class NoRematSolver(Solver):
 
     The reference every budget refers to; infeasible whenever the budget is
     below the no-remat peak.  Its cost (no added time) is optimal when it is
-    feasible, so its status is ``"optimal"`` and it reports the no-remat step
-    time (the sum of node times) as a lower bound, valid for any plan.
+    feasible, so its status is ``"optimal"`` and it reports the compute floor
+    (:func:`~libra_opt.solvers.certificates.compute_floor_s`, the no-remat
+    step time when every node leads to an output) as a ``"hybrid"`` lower
+    bound, valid for any plan.
 
     Source: ``torch.fx``'s free-after-last-use schedule, as in
     :func:`libra_opt.schedule.no_remat_schedule`.
@@ -395,7 +398,7 @@ class NoRematSolver(Solver):
         peak = simulate(problem, sched).peak_bytes
         if peak > budget_bytes:
             raise InfeasibleBudgetError(budget_bytes, peak, self.name, "the no-remat peak is over the budget")
-        return RawSolution(sched, status=OPTIMAL, lower_bound_s=problem.total_compute_s,
+        return RawSolution(sched, status=OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
                            message="no rematerialization")
 
 

@@ -12,7 +12,9 @@ The LP is the model of :mod:`libra_opt.solvers.checkmate_model` with
 ``R``, ``S``, ``FREE`` in ``[0, 1]``, solved with
 ``scipy.optimize.linprog(method="highs")`` (default) or PuLP's CBC.  Its value
 is a lower bound on the compute time (= step time of a recompute-only plan)
-of every plan the model admits and is reported as ``lower_bound_s``.  When no
+of every plan the model admits or dominates and is reported as a
+``"recompute"`` bound (:func:`~libra_opt.solvers.certificates.checkmate_bounds`,
+:func:`~libra_opt.solvers.certificates.checkmate_covers`).  When no
 rounding fits, the LP is solved again at a smaller budget
 (``budget_factors``, as the reference solves at 0.9 of the budget) so the
 rounded plans have slack; the bound always comes from the full budget.
@@ -23,7 +25,7 @@ rounding, libra's and the heuristic plans is returned, so the LP never ends
 in an error where libra plans.
 Problems larger than ``max_nodes`` are coarsened first
 (:mod:`libra_opt.solvers.coarsen`); the LP value is then a bound for the
-coarse model only and goes to ``extras`` instead.
+coarse model only and goes to ``extras["coarse_bounds_s"]`` instead.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from libra_opt.errors import SolverError, SolverOptionError
 
 from .base import Solver
 from .checkmate_model import CheckmateModel
+from .certificates import checkmate_bounds, floor_bound
 from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, rs_from_s
 from .registry import register_solver
 from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
@@ -136,7 +139,7 @@ class CheckmateLPSolver(Solver):
         trivial = no_remat_if_fits(problem, budget_bytes)
         if trivial is not None:
             trivial.meta.update({"solver": self.name})
-            return RawSolution(trivial, OPTIMAL, lower_bound_s=problem.total_compute_s,
+            return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
                                message="the no-remat plan fits the budget (no recomputation needed)",
                                extras={"coarsened": False})
         setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values, budget_bytes=budget_bytes)
@@ -149,10 +152,9 @@ class CheckmateLPSolver(Solver):
             bound = "no LP bound"
         elif setup.coarsened:
             bound = f"LP bound {lp_value_s:.6g} s holds for the coarsened graph only"
-            extras["coarse_lp_value_s"] = lp_value_s
         else:
             bound = f"LP lower bound {lp_value_s:.6g} s"
-        lower_of = (lambda t: None) if (lp_value_s is None or setup.coarsened) else (lambda t: min(lp_value_s, t))
+        bounds = checkmate_bounds(setup, budget_bytes, self.name, [("LP value", lp_value_s)], extras)
         libra = setup.libra_plans(budget_bytes)[:1] if o.libra_fallback else []
         if libra:
             extras["libra_time_s"] = libra[0].time_s
@@ -166,17 +168,17 @@ class CheckmateLPSolver(Solver):
                        "the LP stopped at its time limit" if rr.timed_out else
                        f"the LP stopped ({rr.lp_error})" if rr.lp_error else "no rounding of the LP fits")
                 status = TIME_LIMIT if rr.timed_out else FEASIBLE
-                return RawSolution(c.schedule, status, lower_of(c.time_s),
+                return RawSolution(c.schedule, status, None,
                                    f"{why}; fell back to the {c.name} plan, which the simulator "
-                                   f"accepts ({bound}){setup.note()}", dict(extras, heuristic=c.name, returned=c.name))
+                                   f"accepts ({bound}){setup.note()}", dict(extras, heuristic=c.name, returned=c.name),
+                                   bounds=bounds)
             detail = ("the Checkmate LP relaxation is infeasible at this budget" if rr.lp_infeasible else
                       f"the LP stopped ({rr.lp_error})" if rr.lp_error else
                       "no rounding of the Checkmate LP fits this budget; checkmate-milp may find a plan")
             raise setup.infeasible(budget_bytes, heur + ([rr.lowest] if rr.lowest is not None else []), detail)
         cand = rr.best
-        lower = lower_of(cand.time_s)
         status = FEASIBLE
-        if lower is not None and cand.time_s <= lp_value_s * (1 + 1e-6) + 1e-12:
+        if bounds and cand.time_s <= lp_value_s * (1 + 1e-6) + 1e-12:
             status = OPTIMAL
         msg = f"LP ({o.backend}) rounded at threshold {rr.threshold:g}" + (
             f", LP solved at {rr.factor:g} of the budget" if rr.factor != 1.0 else "")
@@ -186,7 +188,7 @@ class CheckmateLPSolver(Solver):
             extras["returned"] = "libra"
             status = FEASIBLE  # cheaper than the LP optimum's rounding: outside the model or not its optimum
         cand.schedule.meta.update({"solver": self.name, "status": status})
-        return RawSolution(cand.schedule, status, lower, msg + setup.note(), extras)
+        return RawSolution(cand.schedule, status, None, msg + setup.note(), extras, bounds=bounds)
 
 
 @dataclass

@@ -30,8 +30,8 @@ Recompute only (no swapping).  The model has O(n^2)
 variables: problems with more than ``max_nodes`` nodes are coarsened first
 (:mod:`libra_opt.solvers.coarsen`) and the plan expanded back; the result's
 message and ``extras["coarsened"]`` say so, and the MILP bound then holds for
-the coarse model only, so it is reported in ``extras`` and not as
-``lower_bound_s``.
+the coarse model only, so it is reported in ``extras["coarse_bounds_s"]``
+and not as a bound.
 """
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ from libra_opt.errors import SolverError, SolverOptionError
 
 from .base import Solver
 from .checkmate_model import CheckmateModel, model_peak_bytes
+from .certificates import checkmate_bounds, floor_bound
 from .checkmate_plan import CheckmateSetup, no_remat_if_fits, rs_from_s
 from .registry import register_solver
 from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
@@ -142,9 +143,14 @@ class CheckmateMILPSolver(Solver):
     ``min_feasible_bytes`` is the smallest simulated peak among the plans
     tried (no remat, recompute-forward, LP rounding): a budget shown feasible.
 
-    ``lower_bound_s`` is the best of the MILP's bound, the LP value and the
-    no-remat compute time, in seconds of compute (= step time of a
-    recompute-only plan), when the model was built on the problem itself.
+    ``bounds``: the MILP's best bound and the LP value at the budget, in
+    seconds of compute (= step time of a recompute-only plan), as
+    ``"recompute"`` bounds that hold for the plans the model dominates
+    (:func:`~libra_opt.solvers.certificates.checkmate_covers`: the model fixes
+    the order of first computations, so it is no relaxation of the
+    simulator), when the model was built on the problem itself; none on a
+    coarsened model.  ``lower_bound_s`` is the larger of them when the
+    returned plan is dominated by the model, else None (bound unknown).
     """
 
     name = "checkmate-milp"
@@ -184,7 +190,7 @@ class CheckmateMILPSolver(Solver):
         trivial = no_remat_if_fits(problem, budget_bytes)
         if trivial is not None:
             trivial.meta.update({"solver": self.name})
-            return RawSolution(trivial, OPTIMAL, lower_bound_s=problem.total_compute_s,
+            return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
                                message="the no-remat plan fits the budget (no recomputation needed)",
                                extras={"coarsened": False})
         deadline = time.perf_counter() + o.time_limit_s
@@ -219,6 +225,7 @@ class CheckmateMILPSolver(Solver):
         model_budget = budget_bytes
         res = None
         model = None
+        bound_s = None
         for attempt in range(3):
             model = CheckmateModel(g, model_budget, integral=True)
             if model.infeasible_reason is not None:
@@ -238,6 +245,9 @@ class CheckmateMILPSolver(Solver):
                 res = _solve_ortools(model, hint, left, o)
             else:
                 res = _solve_pulp(model, hint, left, o)
+            if attempt == 0 and res.bound is not None and np.isfinite(res.bound) and abs(res.bound) < 1e20:
+                # only the model at the budget itself bounds plans within it (a tightened one has fewer plans)
+                bound_s = extras["best_bound_s"] = res.bound * model.time_scale
             extras["engine"] = res.engine
             if res.x is None:
                 break
@@ -252,17 +262,8 @@ class CheckmateMILPSolver(Solver):
             res = _MipResult(None, "no_solution", None, None, False, res.engine)
 
         lb_scale = model.time_scale if model is not None else 1.0
-        bound_s = None
-        if res is not None and res.bound is not None and np.isfinite(res.bound) and abs(res.bound) < 1e20:
-            bound_s = extras["best_bound_s"] = res.bound * lb_scale
-
-        def lower_bound(time_s: float) -> float | None:
-            # a bound on the original problem only when the model was built on it; every node runs at
-            # least once, so the no-remat compute time is a bound too
-            if setup.coarsened or (res is not None and res.status == "infeasible"):
-                return None
-            bounds = [problem.total_compute_s] + [b for b in (bound_s, lp_value_s) if b is not None]
-            return min(max(bounds), time_s)
+        bounds = checkmate_bounds(setup, budget_bytes, self.name, (("MILP bound", bound_s), ("LP value", lp_value_s)),
+                                  extras)
 
         if res is None or res.x is None:
             if fitting:
@@ -272,9 +273,10 @@ class CheckmateMILPSolver(Solver):
                        "the MILP found no solution within the time limit")
                 c.schedule.meta.update({"solver": self.name})
                 status = TIME_LIMIT if res is not None and res.hit_time_limit else FEASIBLE
-                return RawSolution(c.schedule, status, lower_bound(c.time_s),
+                return RawSolution(c.schedule, status, None,
                                    f"{why}; returning the {c.name} plan, which the simulator accepts"
-                                   f"{setup.note()}", dict(extras, heuristic=c.name, returned=c.name))
+                                   f"{setup.note()}", dict(extras, heuristic=c.name, returned=c.name),
+                                   bounds=bounds)
             if res is not None and res.status == "infeasible":
                 raise setup.infeasible(budget_bytes, pool, "the Checkmate MILP is infeasible at this budget"
                                        + (f": {model.infeasible_reason}" if model.infeasible_reason else ""))
@@ -298,9 +300,8 @@ class CheckmateMILPSolver(Solver):
             # optimal for the coarse model only: plans outside it (finer recompute) may be cheaper
             status = FEASIBLE
             msg += " on the coarsened graph"
-        lower = lower_bound(cand.time_s)
         cand.schedule.meta.update({"solver": self.name, "status": status})
-        return RawSolution(cand.schedule, status, lower, msg + setup.note(), extras)
+        return RawSolution(cand.schedule, status, None, msg + setup.note(), extras, bounds=bounds)
 
 
 # ---------------------------------------------------------------------------

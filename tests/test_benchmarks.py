@@ -189,3 +189,30 @@ def test_max_batch_entries_keep_planned_and_measured_peaks(monkeypatch):
     assert gc_.oom_probes(entry["probes"]) == [[24, False, "out of memory: x"]]
     row = hl.maxbatch_rows({"maxbatch": {"libra-recompute-inductor": entry}})[0]
     assert (row["planned_peak_bytes"], row["reserved_bytes"], row["limit"]) == (15 << 30, (15 << 30) + 1, "time")
+
+
+def test_optimality_table_marks_hybrid_n_a_without_hybrid_milp_and_gaps_are_valid(tmp_path, capsys):
+    from libra_opt.generators import random_layered_graph_dict
+
+    opt = _load("optimality")
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / "tiny.json").write_text(json.dumps(random_layered_graph_dict(14, seed=0)))
+    out = tmp_path / "rows.csv"
+    assert opt.main([str(tmp_path / "g"), "--budgets", "0.9,0.2", "--time-limit", "5", "--no-progress",
+                     "--out", str(out), "--solvers", "checkmate-milp,no-such-hybrid",
+                     "--markdown", str(tmp_path / "t.md")]) == 0
+    table = capsys.readouterr().out
+    assert "| recompute: libra / checkmate-milp | hybrid: libra / no-such-hybrid |" in table
+    lines = [ln for ln in table.splitlines() if ln.startswith("| tiny |")]
+    assert len(lines) == 2 and all("/ n/a" in ln for ln in lines)   # the hybrid exact solver is not registered
+    assert "infeasible (proven: below the memory floor)" in lines[1]   # 0.2 of the peak
+    import csv
+
+    rows = list(csv.DictReader(open(out)))
+    assert {r["mode"] for r in rows} == {"recompute", "hybrid"} and len(rows) == 4
+    for r in rows:
+        if r["greedy_gap"]:
+            assert float(r["greedy_gap"]) >= 0 and r["bound_kind"] in ("recompute", "hybrid")
+    assert (tmp_path / "t.md").read_text().strip() == "\n".join(table.split("\n\nCells")[0].splitlines()[-4:])
+    assert opt.main(["--table-from", str(out)]) == 0                # the CSV re-renders the same table
+    assert capsys.readouterr().out.strip() == (tmp_path / "t.md").read_text().strip()

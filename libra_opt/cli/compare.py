@@ -2,9 +2,13 @@
 
 Runs every solver at every memory budget on one problem and prints a table:
 status, added step time (seconds and % of the no-remat step), simulated peak,
-solve time, and the gap to the best lower bound any solver reported at that
-budget.  Every plan in the table was accepted by the simulator within its
-budget.  ``FILE`` is a libra-opt problem JSON or a networkx node-link remat
+solve time, and the gap to the best lower bound valid for that plan among
+those any solver proved at that budget, with the bound's plan class
+(``recompute``: bounds plans without swaps, e.g. Checkmate's LP/MILP, and
+only plans its model dominates; ``hybrid``: every plan), or "bound unknown"
+where none holds (a plan that swaps against a recompute bound, a coarsened
+model's bound).  Gaps are never negative.  Every plan in the table was
+accepted by the simulator within its budget.  ``FILE`` is a libra-opt problem JSON or a networkx node-link remat
 graph such as Checkmate's (times there are relative cost units; see
 benchmarks/README.md for where to get them).
 
@@ -24,7 +28,7 @@ from .common import (BUDGET_HELP, add_problem_arguments, budget_list_arg, check_
 
 
 #: the one-line help of the command in ``libra-opt --help``
-HELP = "compare solvers over memory budgets: added time, peak, solve time, gap to bound"
+HELP = "compare solvers over memory budgets: added time, peak, solve time, gap to a valid bound"
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

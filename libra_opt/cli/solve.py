@@ -61,17 +61,24 @@ def solver_options(args: argparse.Namespace, solver_name: str) -> dict:
 
 
 def bound_text(result) -> str:
-    """What the result says about a lower bound on the step time: the bound
-    and the gap to it, or why there is none."""
+    """What the result says about a lower bound on the step time: the bound,
+    its plan class and source, and the gap to it, or why there is none
+    ("bound unknown")."""
     from libra_opt.units import format_seconds
 
     if result.lower_bound_s is not None:
         gap = "" if result.gap is None else f", gap {result.gap:.2%}"
-        return f"step time >= {format_seconds(result.lower_bound_s)}{gap}"
-    coarse = result.extras.get("coarse_lp_value_s")
-    if coarse is not None:
-        return (f"none for this graph (the LP value {format_seconds(coarse)} bounds the coarsened graph only)")
-    return f"none ({result.solver} reports no lower bound)"
+        return (f"step time >= {format_seconds(result.lower_bound_s)} for every {result.bound_kind} plan "
+                f"({result.bound_source}){gap}")
+    coarse = result.extras.get("coarse_bounds_s")
+    if coarse:
+        values = ", ".join(f"{k} {format_seconds(v)}" for k, v in coarse.items())
+        return f"bound unknown (the {values} bounds the coarsened graph only, not this graph)"
+    if result.bounds:
+        kinds = sorted({b.kind for b in result.bounds})
+        return (f"bound unknown ({result.solver}'s {'/'.join(kinds)} bound does not hold for this plan: "
+                f"it swaps, or lies outside the bound's model)")
+    return f"bound unknown ({result.solver} reports no lower bound)"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -197,7 +197,8 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     solved within the same bytes as the example's plan (a fraction budget is
     resolved once, against the example's no-remat peak, into
     ``.budget_bytes``; the solver budget is the example plan's
-    ``plan.budget_bytes``); the solve time is logged (``logging.INFO``).  No plan for a new shape raises
+    ``plan.budget_bytes``); the solve time is logged (``logging.INFO``).
+    No plan for a new shape raises
     :class:`~libra_opt.errors.InfeasibleBudgetError` naming the shape and the
     smallest feasible budget.  ``calibrate`` measures the example's shape
     only.  Each shape compiles a step of its own, so TorchDynamo's
@@ -235,29 +236,23 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     check_cuda_graphs(cuda_graphs, executor, device, swaps=0)
     # ---- shapes, enclosing autocast and saved plans (libra_opt.plan_cache, libra_opt.plan_store)
     from .plan_cache import ShapePlanner, ambient_autocast, call_key
-    from .plan_store import PlanStore, profile_key
+    from .plan_store import PlanStore
 
     follow_autocast = autocast_dtype is None
     if follow_autocast:
         autocast_dtype = ambient_autocast(device)
     store = PlanStore.open(cache_dir)
-    solve = store.solve_fn() if store is not None else solve
+    solve = store.solve if store is not None else solve    # a bound method: the module still pickles
     # ---- end
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
+    # an enclosing autocast is applied by the captured graph itself (forward and loss only, capture.step_function)
     ambient = torch.autocast(device.type, enabled=False) if follow_autocast and autocast_dtype else nullcontext()
-    with ambient:   # the autocast applies to the forward and loss only (capture.step_function)
+    with ambient:
         step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
-    if step.device.type == "cuda":
-        configure_allocator()
-    if store is not None and problem_builder is None and profile:
-        pkey = profile_key(step, optimizer=optimizer)
-        problem = store.load_problem(pkey)
-        if problem is None:
-            problem = problem_of(step, optimizer=optimizer, profile=profile)
-            store.save_problem(pkey, problem)
-    else:
-        problem = (problem_builder or (lambda s: problem_of(s, optimizer=optimizer, profile=profile)))(step)
+        if step.device.type == "cuda":
+            configure_allocator()
+        problem = _problem(step, store, problem_builder, optimizer=optimizer, profile=profile)
     reference = problem
     if executor != "eager" and problem.device.memory_bytes_per_s:
         from .costs import for_executor
@@ -306,6 +301,25 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     om.budget_bytes = budget_bytes
     om.calibration = records
     return om
+
+
+def _problem(step: CapturedStep, store, problem_builder, *, optimizer: str, profile: bool) -> RematProblem:
+    """The problem of ``step``: from ``problem_builder`` if given, else the
+    profile saved in ``store`` (a :class:`~libra_opt.plan_store.PlanStore`)
+    under :func:`~libra_opt.plan_store.profile_key`, else :func:`problem_of`
+    (then saved in ``store``)."""
+    if problem_builder is not None:
+        return problem_builder(step)
+    if store is None or not profile:
+        return problem_of(step, optimizer=optimizer, profile=profile)
+    from .plan_store import profile_key
+
+    key = profile_key(step, optimizer=optimizer)
+    problem = store.load_problem(key)
+    if problem is None:
+        problem = problem_of(step, optimizer=optimizer, profile=profile)
+        store.save_problem(key, problem)
+    return problem
 
 
 def _check_margin(margin) -> None:

@@ -39,7 +39,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -241,29 +241,36 @@ class PlanStore:
             warnings.warn(f"libra-opt cache: the profile was not saved ({e})", PlanCacheWarning, stacklevel=3)
 
     # -------------------------------------------------------------- plans
-    def solve_fn(self) -> Callable:
-        """``solve_fn(problem, budget, solver, **options) -> SolveResult``,
-        :func:`libra_opt.solve` through this store: a saved plan for the same
-        key, checked by the simulator, is used instead of solving; a new plan
-        is saved.  A solver given as an instance (whose options the key
-        cannot see) always solves."""
+    def solve(self, problem: RematProblem, budget, solver="libra", **options):
+        """:func:`libra_opt.solve` through this store: a saved plan for the same
+        key (:func:`plan_key`), checked by the simulator, is returned instead
+        of solving; a new plan is saved.  A solver given as an instance (whose
+        options the key cannot see) always solves.
+
+        Returns
+        -------
+        SolveResult
+            A loaded plan has ``solve_s == 0`` and ``message`` naming its file.
+
+        Raises
+        ------
+        InfeasibleBudgetError, SolverNotFoundError, SolverUnavailableError
+            As :func:`libra_opt.solve`.
+        """
         from .simulator import no_remat_peak
         from .solvers import solve
         from .units import parse_budget
 
-        def solve_cached(problem, budget, solver, **options):
-            if not isinstance(solver, str):
-                return solve(problem, budget, solver, **options)
-            budget_bytes = parse_budget(budget, no_remat_peak(problem))
-            key = plan_key(problem, budget_bytes, solver, options)
-            found = self.load_plan(key, problem)
-            if found is not None:
-                return found
-            result = solve(problem, budget_bytes, solver, **options)
-            self.save_plan(key, result)
-            return result
-
-        return solve_cached
+        if not isinstance(solver, str):
+            return solve(problem, budget, solver, **options)
+        budget_bytes = parse_budget(budget, no_remat_peak(problem))
+        key = plan_key(problem, budget_bytes, solver, options)
+        found = self.load_plan(key, problem)
+        if found is not None:
+            return found
+        result = solve(problem, budget_bytes, solver, **options)
+        self.save_plan(key, result)
+        return result
 
     def load_plan(self, key: dict, problem: RematProblem):
         """The saved plan of ``key`` as a :class:`~libra_opt.solvers.SolveResult`

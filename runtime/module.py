@@ -209,6 +209,8 @@ class OptimizedModule(nn.Module):
         and buffers, never the original's, and recompiles on its first call."""
         super().__setstate__(state)
         self.__dict__.setdefault("_eval_warned", False)
+        for k, v in (("example_key", None), ("planner", None), ("follow_autocast", self.autocast_dtype is None)):
+            self.__dict__.setdefault(k, v)    # pickled before plans per shape: the example's shapes only
         self._build_runtime()
 
     # ------------------------------------------------------------ state dict

@@ -34,6 +34,7 @@ with op times scaled by the bytes each op reads and writes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import time
@@ -115,16 +116,18 @@ def describe_key(key: tuple) -> str:
 
 
 # ------------------------------------------------------------------ scaling
+@functools.lru_cache(maxsize=None)
+def _itemsize(dtype: str) -> int | None:
+    """Bytes per element of a dtype named like ``"torch.float32"`` (``None`` if unknown)."""
+    dt = getattr(torch, dtype.replace("torch.", ""), None)
+    return dt.itemsize if isinstance(dt, torch.dtype) else None
+
+
 def _logical_bytes(t) -> int:
     """Bytes of a tensor's elements (its shape times its dtype's size; views
     included), else its storage bytes."""
-    if t.shape is not None and t.dtype:
-        try:
-            item = torch.empty((), dtype=getattr(torch, t.dtype.replace("torch.", ""))).element_size()
-        except (AttributeError, TypeError):
-            return int(t.nbytes)
-        return int(math.prod(t.shape)) * item
-    return int(t.nbytes)
+    item = _itemsize(t.dtype) if t.shape is not None and t.dtype else None
+    return int(t.nbytes) if item is None else int(math.prod(t.shape)) * item
 
 
 def _io_bytes(problem: RematProblem) -> list[int]:
@@ -311,7 +314,9 @@ def pad_to_bucket(batch, buckets: Sequence[int], *, dim: int = 1, pad_values: Ma
     dim : int
         The padded dimension (1: the sequence of a ``(B, T)`` batch; 0 pads
         the batch dimension, e.g. for a short last batch, with rows the loss
-        ignores).
+        ignores: there pad the attention mask with 1, since a row attending
+        to nothing makes softmax attention NaN, and mind that batch
+        normalization sees the padded rows).
     pad_values : dict of str to scalar, optional
         Padding per key of a dict batch, e.g. ``{"input_ids": tokenizer.pad_token_id,
         "attention_mask": 0, "labels": -100}``.

@@ -200,7 +200,7 @@ def test_padding_to_a_bucket_keeps_loss_and_gradients():
 def test_restart_reuses_saved_profile_and_plan(tmp_path, monkeypatch):
     """optimize with a cache_dir profiles and solves once; a fresh optimize of
     the same model (a restart) calls neither the profiler nor the solver and
-    gets the same plan.  A corrupt or stale entry warns (naming the field)
+    gets the same plan, also for a shape planned after the first.  A corrupt or stale entry warns (naming the field)
     and is made again."""
     calls = {"profile": 0, "solve": 0}
     orig_profile = libra_opt.profiling.profile_step
@@ -229,6 +229,14 @@ def test_restart_reuses_saved_profile_and_plan(tmp_path, monkeypatch):
     assert again.plan.peak_bytes == first.plan.peak_bytes and "loaded from" in again.plan.message
     assert again(x).item() == first(x).item()
     assert pickle.loads(pickle.dumps(again)).planner.solve_fn.__self__.root == tmp_path   # still pickles
+    # the plan of a new shape (a short last batch) is saved too: a restart loads it instead of solving
+    assert calls["solve"] == 1 and again(x[:200]).item() == square_loss(small()(x[:200])).item()
+    assert calls["solve"] == 2
+    restarted = optimize(small(), x, 0.9, solver="libra", loss_fn=square_loss)
+    restarted(x[:200])
+    assert calls == {"profile": 1, "solve": 2}
+    (sp,) = restarted.shape_plans.values()
+    assert sp.plan.schedule.instructions == next(iter(again.shape_plans.values())).plan.schedule.instructions
     # a stale profile (another torch version in its key): a warning naming the field, profiled again
     (prof,) = tmp_path.glob("profile-*")
     store = PlanStore(tmp_path)

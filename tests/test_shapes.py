@@ -7,6 +7,7 @@ saved profile and plan instead of profiling and solving."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import math
@@ -20,7 +21,7 @@ from torch import nn
 import libra_opt.profiling
 from libra_opt.errors import InfeasibleBudgetError, ShapeMismatchError
 from libra_opt.optimize import optimize
-from libra_opt.plan_cache import pad_to_bucket, scale_to_step
+from libra_opt.plan_cache import _io_bytes, pad_to_bucket, scale_to_step
 from libra_opt.plan_store import CACHE_DIR_ENV, PlanCacheWarning, PlanStore
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -121,6 +122,15 @@ def test_scaled_problem_prices_ops_by_their_bytes():
     assert scaled.fixed == exact.fixed and scaled.provenance.extra["matched_nodes"] == [len(ref.nodes)] * 2
     times = [n.time_s for n in scaled.nodes]
     assert all(0.75e-3 - 1e-12 <= t <= 1e-3 + 1e-12 for t in times) and min(times) < 0.76e-3
+    # ops without a node of their name (the graph changed): priced at their op's seconds per byte
+    renamed = ref.replace(nodes=[dataclasses.replace(n, name=n.name + "_old") if n.target == "aten.mm.default"
+                                 else n for n in ref.nodes])
+    priced = scale_to_step(renamed, s192)
+    mm = [n for n in priced.nodes if n.target == "aten.mm.default"]
+    assert priced.provenance.extra["matched_nodes"] == [len(ref.nodes) - len(mm), len(ref.nodes)]
+    per_byte = [n.time_s / b for n, b in zip(priced.nodes, _io_bytes(priced)) if n.target == "aten.mm.default"]
+    assert len(mm) > 2 and max(per_byte) - min(per_byte) <= 1e-9 * max(per_byte)
+    assert sum(n.time_s for n in mm) < 1e-3 * len(mm)       # 3/4 of the batch: less than the profiled time
 
 
 def test_other_sequence_length_and_infeasible_shape_named():

@@ -16,6 +16,7 @@ Public API (imported lazily, so ``import libra_opt`` stays cheap):
 - :func:`simulate`, :class:`Schedule`, :func:`no_remat_schedule`
 - :func:`load_problem`, :func:`save_problem`, :func:`load_remat_graph`,
   :func:`random_layered_graph`
+- :func:`pad_to_bucket`: pad a batch to one of a few lengths (few plans)
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ _LAZY = {
     "BudgetError": "libra_opt.errors", "MissingExtraError": "libra_opt.errors",
     "random_layered_graph": "libra_opt.generators",
     "CalibrationError": "libra_opt.errors",
+    "pad_to_bucket": "libra_opt.plan_cache",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

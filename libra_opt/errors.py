@@ -110,7 +110,9 @@ class CaptureError(LibraOptError):
 
 class ShapeMismatchError(LibraOptError, ValueError):
     """An optimized module was called with inputs whose shapes differ from the
-    example inputs the plan was made for."""
+    example inputs the plan was made for, and it makes no plan for new shapes
+    (``optimize(..., max_shapes=1)``, or ``max_shapes`` plans made already);
+    or a batch does not fit any bucket of :func:`libra_opt.pad_to_bucket`."""
 
 
 class InputMismatchError(LibraOptError, TypeError):

@@ -15,12 +15,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from contextlib import nullcontext
 from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from .capture import CapturedStep, build_problem, capture
+from .plan_cache import DEFAULT_MAX_SHAPES
 from .problem import RematProblem
 from .runtime.memory import configure_allocator, release_cached
 
@@ -70,6 +72,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
              optimizer: str = "adam", profile: bool = True, executor: str | None = None,
              cuda_graphs: bool = False, calibrate: bool = False, allocator_margin: int | float | None = None,
              max_calibrations: int = 3, problem_builder: Callable[[CapturedStep], RematProblem] | None = None,
+             max_shapes: int | None = DEFAULT_MAX_SHAPES, cache_dir=None,
              **solver_options):
     """Make ``model`` train within a memory budget.
 
@@ -78,8 +81,8 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     model : torch.nn.Module
         In training mode, on its device.
     example_inputs : tensor or tuple
-        Positional example inputs (a single tensor is one argument); the plan
-        is valid for these shapes only.
+        Positional example inputs (a single tensor is one argument); the
+        first plan is made for their shapes (other shapes: see Notes).
     budget : int, float or str
         Graph-memory budget: bytes, ``"12GiB"``, ``"60%"`` or a float fraction
         of the no-remat peak (see :func:`libra_opt.units.parse_budget`).
@@ -90,7 +93,12 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     example_kwargs : dict, optional
         Keyword example inputs.
     autocast_dtype : torch.dtype, optional
-        Capture and run under ``torch.autocast`` with this dtype.
+        Capture and run every call under ``torch.autocast`` with this dtype.
+        Not given: the autocast active around each call is used (an
+        enclosing ``with torch.autocast(device_type, dtype=...)`` around
+        ``optimize`` and around the calls, as Hugging Face ``Trainer`` and
+        Lightning's ``precision="bf16-mixed"`` do; ``torch.is_autocast_enabled`` /
+        ``torch.get_autocast_dtype``); its dtype is part of the plan key.
     loss_fn : callable, optional
         ``loss_fn(output) -> scalar``: plan model plus loss; the module then
         returns the loss.
@@ -135,6 +143,16 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         unplanned step).  ``max-batch`` passes one that reuses op times
         profiled at smaller batches, so the unplanned step never runs at a
         batch that may not fit.
+    max_shapes : int or None
+        Plans the module makes at most, the example's included (default
+        :data:`~libra_opt.plan_cache.DEFAULT_MAX_SHAPES`); ``1``: new shapes
+        are not planned (they raise ``ShapeMismatchError``); ``None``: no limit.
+    cache_dir : str, PathLike, None or False
+        Directory of saved profiles and plans (:mod:`libra_opt.plan_store`): a
+        restart with the same model, shapes, dtype, device and versions loads
+        the profile instead of profiling, and the plan instead of solving.
+        ``None`` (default): the environment variable ``LIBRA_OPT_CACHE_DIR``
+        if set, else off; ``False``: off.
     **solver_options
         Passed to the solver (its ``Options`` dataclass).
 
@@ -145,7 +163,8 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         (``plan.budget_bytes`` is the solver budget: the budget less the
         margin and any calibration); ``.budget_bytes`` the budget asked for;
         ``.calibration`` the list of
-        :class:`~libra_opt.calibrate.CalibrationStep` (empty without ``calibrate``).
+        :class:`~libra_opt.calibrate.CalibrationStep` (empty without ``calibrate``);
+        ``.shape_plans`` the plans of other shapes, made so far.
 
     Raises
     ------
@@ -164,13 +183,29 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         Unknown ``executor`` (raised before anything is captured), or
         ``cuda_graphs=True`` without CUDA, without the Inductor executor, or
         with a plan that swaps.
+    OutputPathError
+        ``cache_dir`` cannot be created.
 
     Notes
     -----
-    The plan is made for the example inputs' shapes: calling the module with
-    other shapes raises :class:`~libra_opt.errors.ShapeMismatchError`
-    (TorchDynamo recompiles for the new shapes and the runtime's backend
-    refuses them); optimize again for each shape you train with.  Under
+    Shapes: the first plan is made for the example inputs' shapes.  A
+    training call with other shapes (a dataloader's short last batch, another
+    sequence length) or under another enclosing autocast gets a plan of its
+    own on first use (:mod:`libra_opt.plan_cache`): the step is captured at
+    the new shape (nothing runs), its op times are scaled from the profile
+    made here (the unplanned step is never run at the new shape), and it is
+    solved within the same bytes as the example's plan (a fraction budget is
+    resolved once, against the example's no-remat peak, into
+    ``.budget_bytes``; the solver budget is the example plan's
+    ``plan.budget_bytes``); the solve time is logged (``logging.INFO``).
+    No plan for a new shape raises
+    :class:`~libra_opt.errors.InfeasibleBudgetError` naming the shape and the
+    smallest feasible budget.  ``calibrate`` measures the example's shape
+    only.  Each shape compiles a step of its own, so TorchDynamo's
+    ``recompile_limit`` is never reached; ``max_shapes`` bounds the plans,
+    and :func:`libra_opt.plan_cache.pad_to_bucket` pads inputs to a few
+    lengths.  A new shape raises :class:`~libra_opt.errors.ShapeMismatchError`
+    with ``max_shapes=1`` or past ``max_shapes``.  Under
     ``torch.no_grad()`` and in eval mode the module runs the model without a
     plan, at any shape.  A model whose forward reads a tensor's data into
     Python (``.item()``) or makes data-dependent shapes (``torch.nonzero``)
@@ -192,15 +227,33 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     # the budget contract, the executor and the margin: checked before anything is captured or profiled
     check_budget(budget)
     _check_margin(allocator_margin)
+    if max_shapes is not None and (not isinstance(max_shapes, int) or max_shapes < 1):
+        from .errors import LibraOptError
+
+        raise LibraOptError(f"max_shapes is the number of plans kept (an int >= 1) or None, got {max_shapes!r}")
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     executor = resolve_executor(executor, device)
     check_cuda_graphs(cuda_graphs, executor, device, swaps=0)
+    # ---- shapes, enclosing autocast and saved plans (libra_opt.plan_cache, libra_opt.plan_store)
+    from .plan_cache import ShapePlanner, ambient_autocast, call_key
+    from .plan_store import PlanStore
+
+    follow_autocast = autocast_dtype is None
+    if follow_autocast:
+        autocast_dtype = ambient_autocast(device)
+    store = PlanStore.open(cache_dir)
+    solve = store.solve if store is not None else solve    # a bound method: the module still pickles
+    # ---- end
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     t0 = time.perf_counter()
-    step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
-    if step.device.type == "cuda":
-        configure_allocator()
-    problem = (problem_builder or (lambda s: problem_of(s, optimizer=optimizer, profile=profile)))(step)
+    # an enclosing autocast is applied by the captured graph itself (forward and loss only, capture.step_function)
+    ambient = torch.autocast(device.type, enabled=False) if follow_autocast and autocast_dtype else nullcontext()
+    with ambient:
+        step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
+        if step.device.type == "cuda":
+            configure_allocator()
+        problem = _problem(step, store, problem_builder, optimizer=optimizer, profile=profile)
+    reference = problem
     if executor != "eager" and problem.device.memory_bytes_per_s:
         from .costs import for_executor
 
@@ -225,9 +278,14 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         logger.info("optimize(%s): solver %s, predicted peak %d bytes (solver budget %d of %d) in %.1f s",
                     step.model_name, result.solver, result.peak_bytes, result.budget_bytes, budget_bytes,
                     time.perf_counter() - t0)
+        planner = None if max_shapes == 1 else ShapePlanner(
+            reference, budget_bytes, int(result.budget_bytes), solver, dict(solver_options), executor, loss_fn,
+            max_shapes, solve_fn=solve)
         return OptimizedModule(model, problem, result, example_shapes=step.example_shapes,
                                autocast_dtype=autocast_dtype, loss_fn=loss_fn, device=step.device,
-                               executor=executor, cuda_graphs=cuda_graphs)
+                               executor=executor, cuda_graphs=cuda_graphs,
+                               example_key=call_key(args, example_kwargs, autocast_dtype), planner=planner,
+                               follow_autocast=follow_autocast)
 
     records = []
     if calibrate:
@@ -243,6 +301,25 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     om.budget_bytes = budget_bytes
     om.calibration = records
     return om
+
+
+def _problem(step: CapturedStep, store, problem_builder, *, optimizer: str, profile: bool) -> RematProblem:
+    """The problem of ``step``: from ``problem_builder`` if given, else the
+    profile saved in ``store`` (a :class:`~libra_opt.plan_store.PlanStore`)
+    under :func:`~libra_opt.plan_store.profile_key`, else :func:`problem_of`
+    (then saved in ``store``)."""
+    if problem_builder is not None:
+        return problem_builder(step)
+    if store is None or not profile:
+        return problem_of(step, optimizer=optimizer, profile=profile)
+    from .plan_store import profile_key
+
+    key = profile_key(step, optimizer=optimizer)
+    problem = store.load_problem(key)
+    if problem is None:
+        problem = problem_of(step, optimizer=optimizer, profile=profile)
+        store.save_problem(key, problem)
+    return problem
 
 
 def _check_margin(margin) -> None:

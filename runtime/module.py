@@ -13,9 +13,14 @@ result is called like the model (outputs keep their structure: a
 ``transformers`` ``ModelOutput`` stays one), a loss is computed on it, and
 ``loss.backward()`` / ``optimizer.step()`` work as usual.
 
-Shapes: the plan is made for the example inputs' shapes.  TorchDynamo
-recompiles when it sees other shapes and calls the backend again; the backend
-then raises :class:`~libra_opt.errors.ShapeMismatchError`.  Under
+Shapes: the first plan is made for the example inputs' shapes.  Each call
+is keyed by :func:`libra_opt.plan_cache.call_key` (input shapes, dtypes, the
+autocast dtype); a key other than the example's gets a plan of its own from
+the module's :class:`~libra_opt.plan_cache.ShapePlanner` (captured at the new
+shape, priced from the profiled problem, solved under the same budget) and a
+compiled step of its own (a fresh code object, so TorchDynamo never reaches
+its recompile limit).  Without a planner, or past ``max_shapes`` plans, a new
+shape raises :class:`~libra_opt.errors.ShapeMismatchError`.  Under
 ``torch.no_grad()`` the model runs eagerly (AOTAutograd's inference graph;
 there are no activations to plan).
 
@@ -25,6 +30,7 @@ AOTAutograd's ``partition_fn`` / ``fw_compiler`` / ``bw_compiler`` hooks.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import warnings
 
@@ -63,6 +69,23 @@ def _skipped_by_outer_compile(fn):
         return torch.compiler.disable(fn)
 
 
+@dataclasses.dataclass
+class ShapePlan:
+    """The plan of one call key other than the example's (see
+    :mod:`libra_opt.plan_cache`): its problem and
+    :class:`~libra_opt.solvers.SolveResult`, the autocast dtype it runs
+    under, and its runtime (compiled step, Inductor compiler, lowered graphs
+    after the first training call)."""
+
+    key: tuple
+    problem: RematProblem
+    plan: object
+    autocast_dtype: torch.dtype | None
+    compiled: object = None
+    inductor: InductorCompiler | None = None
+    lowered: LoweredPlan | None = None
+
+
 class OptimizedModule(nn.Module):
     """A model that executes a rematerialization plan in every training step.
 
@@ -91,6 +114,17 @@ class OptimizedModule(nn.Module):
     cuda_graphs : bool
         Replay the Inductor-compiled graphs as CUDA graphs (CUDA,
         ``executor="inductor"`` and a plan without swaps only).
+    example_key : tuple, optional
+        :func:`libra_opt.plan_cache.call_key` of the example (its inputs and
+        autocast dtype).  With ``planner``, calls with another key get plans
+        of their own.
+    planner : ShapePlanner, optional
+        Plans a new key (:class:`libra_opt.plan_cache.ShapePlanner`);
+        ``None``: a new shape raises :class:`~libra_opt.errors.ShapeMismatchError`.
+    follow_autocast : bool
+        The autocast of each call is the one active around it (``torch.autocast``;
+        part of the key); default: when ``autocast_dtype`` is None.  Otherwise
+        every call runs under ``autocast_dtype``.
 
     Raises
     ------
@@ -113,11 +147,14 @@ class OptimizedModule(nn.Module):
         ``"eager"`` or ``"inductor"``.
     inductor : InductorCompiler or None
         The Inductor compiler of the two graphs (``executor="inductor"``).
+    shape_plans : dict
+        :class:`ShapePlan` per call key other than the example's, planned so far.
     """
 
     def __init__(self, model: nn.Module, problem: RematProblem, plan, *, example_shapes,
                  autocast_dtype: torch.dtype | None = None, loss_fn=None, device=None,
-                 executor: str | None = "eager", cuda_graphs: bool = False):
+                 executor: str | None = "eager", cuda_graphs: bool = False, example_key: tuple | None = None,
+                 planner=None, follow_autocast: bool | None = None):
         super().__init__()
         self.model = model
         self.problem = problem
@@ -135,13 +172,16 @@ class OptimizedModule(nn.Module):
         self.cuda_graphs = bool(cuda_graphs)
         check_cuda_graphs(self.cuda_graphs, self.executor, self.device, len(sched.swapped_tensors()))
         self._eval_warned = False
+        self.example_key = example_key
+        self.planner = planner
+        self.follow_autocast = autocast_dtype is None if follow_autocast is None else bool(follow_autocast)
         self._build_runtime()
 
     # ------------------------------------------------------------ runtime state, copy and pickle
     #: attributes rebuilt, never copied or pickled: they hold the compiled
     #: callable (whose closure names the model), the lowered graphs (bound to
     #: this module's swap manager) and CUDA streams, events and pinned buffers
-    _RUNTIME_ATTRS = ("_compiled", "swap", "inductor", "lowered", "_ran", "_tracker")
+    _RUNTIME_ATTRS = ("_compiled", "swap", "inductor", "lowered", "_ran", "_tracker", "shape_plans")
 
     def _compile(self):
         """The training step (model, then ``loss_fn``) under ``torch.compile``
@@ -164,6 +204,7 @@ class OptimizedModule(nn.Module):
         self._ran = False
         self._tracker = None
         self._compiled = self._compile()
+        self.shape_plans: dict[tuple, ShapePlan] = {}     # other call keys: planned on first use
 
     def __getstate__(self) -> dict:
         """State for :mod:`copy` / :mod:`pickle` / ``torch.save``: the model,
@@ -180,6 +221,8 @@ class OptimizedModule(nn.Module):
         and buffers, never the original's, and recompiles on its first call."""
         super().__setstate__(state)
         self.__dict__.setdefault("_eval_warned", False)
+        for k, v in (("example_key", None), ("planner", None), ("follow_autocast", self.autocast_dtype is None)):
+            self.__dict__.setdefault(k, v)    # pickled before plans per shape: the example's shapes only
         self._build_runtime()
 
     # ------------------------------------------------------------ state dict
@@ -234,20 +277,28 @@ class OptimizedModule(nn.Module):
                                       error_msgs)
 
     # ------------------------------------------------------------ backend
-    def _backend(self, gm, example_inputs):
+    def _backend(self, gm, example_inputs, shape_plan: ShapePlan | None = None):
+        """TorchDynamo backend of the example's step (``shape_plan`` None) or
+        of another call key's (its :class:`ShapePlan`)."""
+        from functools import partial
+
         from torch._dynamo.backends.common import aot_autograd
 
-        check_example_shapes(example_input_shapes(self.model, example_inputs), self.example_shapes)
+        if shape_plan is None:
+            check_example_shapes(example_input_shapes(self.model, example_inputs), self.example_shapes)
         apply_graph_passes(gm)          # the capture's passes, so the graphs match the plan's
-        return aot_autograd(fw_compiler=self._fw_compiler, bw_compiler=self._bw_compiler,
-                            partition_fn=self._partition, inference_compiler=_eager_boxed)(gm, example_inputs)
+        return aot_autograd(fw_compiler=partial(self._fw_compiler, shape_plan=shape_plan),
+                            bw_compiler=partial(self._bw_compiler, shape_plan=shape_plan),
+                            partition_fn=partial(self._partition, shape_plan=shape_plan),
+                            inference_compiler=_eager_boxed)(gm, example_inputs)
 
-    def _partition(self, joint, joint_inputs, *, num_fwd_outputs, **kwargs):
+    def _partition(self, joint, joint_inputs, *, num_fwd_outputs, shape_plan: ShapePlan | None = None, **kwargs):
         apply_joint_passes(joint, num_fwd_outputs)
-        lowered = lower_plan(joint, num_fwd_outputs, self.problem, self.plan.schedule, self.swap)
-        self.lowered = lowered
-        if self.inductor is not None:
-            self.inductor.prepare(lowered)
+        target = self if shape_plan is None else shape_plan     # both hold problem, plan, lowered, inductor
+        lowered = lower_plan(joint, num_fwd_outputs, target.problem, target.plan.schedule, self.swap)
+        target.lowered = lowered
+        if target.inductor is not None:
+            target.inductor.prepare(lowered)
         logger.info("plan lowered: %d saved values, %d recomputed nodes, %d swapped tensors",
                     len(lowered.saved), len(lowered.recomputed), len(lowered.swapped))
         return lowered.fw, lowered.bw
@@ -266,14 +317,16 @@ class OptimizedModule(nn.Module):
         run._boxed_call = True
         return run
 
-    def _fw_compiler(self, gm, example_inputs):
-        if self.inductor is not None:
-            gm = self.inductor.forward(gm, example_inputs)
+    def _fw_compiler(self, gm, example_inputs, shape_plan: ShapePlan | None = None):
+        inductor = self.inductor if shape_plan is None else shape_plan.inductor
+        if inductor is not None:
+            gm = inductor.forward(gm, example_inputs)
         return self._boxed(gm, forward=True)
 
-    def _bw_compiler(self, gm, example_inputs):
-        if self.inductor is not None:
-            gm = self.inductor.backward(gm, example_inputs)
+    def _bw_compiler(self, gm, example_inputs, shape_plan: ShapePlan | None = None):
+        inductor = self.inductor if shape_plan is None else shape_plan.inductor
+        if inductor is not None:
+            gm = inductor.backward(gm, example_inputs)
         return self._boxed(gm, forward=False)
 
     @contextlib.contextmanager
@@ -317,9 +370,11 @@ class OptimizedModule(nn.Module):
             return self._outside_outer_compile(*args, **kwargs)
         if not torch.is_grad_enabled() or not self.model.training:
             return self._run_without_plan(args, kwargs)
+        compiled = self._compiled_for(args, kwargs)
         self._ran = False
         try:
-            out = self._compiled(*args, **kwargs)     # autocast (if any) is inside: forward and loss only
+            with self._outside_ambient_autocast():
+                out = compiled(*args, **kwargs)     # autocast (if any) is inside: forward and loss only
         except torch._dynamo.exc.BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None) or e.__cause__
             if isinstance(inner, LibraOptError):
@@ -375,9 +430,76 @@ class OptimizedModule(nn.Module):
             warnings.warn("OptimizedModule in eval mode with grad enabled runs the model without the plan "
                           "(the plan is for training mode): its memory is not bounded by the budget; call "
                           ".train(), or optimize the model in eval mode", stacklevel=3)
-        with autocast_context(self.device, self.autocast_dtype):
+        with autocast_context(self.device, None if self.follow_autocast else self.autocast_dtype):
             out = self.model(*args, **kwargs)
             return out if self.loss_fn is None else self.loss_fn(out)
+
+    # ------------------------------------------------------------ plans per shape (libra_opt.plan_cache)
+    def _compiled_for(self, args, kwargs):
+        """The compiled step for this call's key: the example's, or the
+        :class:`ShapePlan`'s of another key (planned by :attr:`planner` on
+        first use).
+
+        Raises
+        ------
+        ShapeMismatchError
+            A new key without a planner, or past the planner's ``max_shapes``.
+        InfeasibleBudgetError
+            No plan fits the budget at the new shape (the message names it).
+        """
+        from libra_opt.plan_cache import ambient_autocast, call_key, describe_key, same_structure
+
+        if self.example_key is None:
+            return self._compiled          # no key known: the backend checks the shapes
+        dtype = ambient_autocast(self.device) if self.follow_autocast else self.autocast_dtype
+        key = call_key(args, kwargs, dtype)
+        if key == self.example_key or not same_structure(key, self.example_key):
+            return self._compiled          # another structure (an extra argument): the backend says so
+        sp = self.shape_plans.get(key)
+        if sp is None:
+            if self.planner is None or (self.planner.max_shapes is not None
+                                        and len(self.shape_plans) + 1 >= self.planner.max_shapes):
+                from libra_opt.errors import ShapeMismatchError
+
+                why = ("new shapes are not planned (optimize(..., max_shapes=1))" if self.planner is None
+                       or self.planner.max_shapes == 1 else
+                       f"this module already has max_shapes={self.planner.max_shapes} plans")
+                self._check_arguments(args, kwargs)
+                raise ShapeMismatchError(
+                    f"called with {describe_key(key)} but the plan was made for {describe_key(self.example_key)} "
+                    f"and {why}: pad or bucket the inputs (libra_opt.plan_cache.pad_to_bucket), or raise "
+                    f"max_shapes")
+            self._check_arguments(args, kwargs)
+            sp = self._plan_shape(key, args, kwargs, dtype)
+        return sp.compiled
+
+    def _outside_ambient_autocast(self):
+        """With :attr:`follow_autocast`, the ambient ``torch.autocast`` of the
+        device turned off around the compiled step, which applies the same
+        dtype inside (forward and loss only; see
+        :func:`libra_opt.capture.step_function`); else a null context."""
+        if self.follow_autocast and torch.is_autocast_enabled(self.device.type):
+            return torch.autocast(self.device.type, enabled=False)
+        return contextlib.nullcontext()
+
+    def _plan_shape(self, key: tuple, args, kwargs, dtype) -> ShapePlan:
+        """Plan ``key`` with :attr:`planner` and build its runtime: host
+        buffers for its swaps, its Inductor compiler, its compiled step."""
+        from functools import partial
+
+        with self._outside_ambient_autocast():
+            problem, plan = self.planner.plan(self.model, args, kwargs, dtype, key)
+        swapped = plan.schedule.swapped_tensors()
+        check_cuda_graphs(self.cuda_graphs, self.executor, self.device, len(swapped))
+        self.swap.pool.reserve(sum(_align(problem.tensors[t].nbytes) for t in swapped))
+        sp = ShapePlan(key, problem, plan, dtype)
+        if self.executor == "inductor":
+            sp.inductor = InductorCompiler(self.swap, has_swaps=bool(swapped), cuda_graphs=self.cuda_graphs)
+        fn = step_function(self.model, self.loss_fn, autocast_dtype=dtype, device=self.device)
+        sp.compiled = torch.compile(fn, backend=partial(self._backend, shape_plan=sp), fullgraph=True,
+                                    dynamic=False)
+        self.shape_plans[key] = sp
+        return sp
 
     def _check_arguments(self, args, kwargs) -> None:
         """Raise :class:`~libra_opt.errors.InputMismatchError` if ``args`` /

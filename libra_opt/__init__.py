@@ -21,6 +21,7 @@ Public API (imported lazily, so ``import libra_opt`` stays cheap):
 from __future__ import annotations
 
 import importlib
+import types
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,20 @@ _LAZY = {
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]
+
+
+class CallableModule(types.ModuleType):
+    """Type of the submodules named like the function they export
+    (``libra_opt.optimize``, ``libra_opt.capture``): calling the module
+    calls that function.
+
+    ``import libra_opt.optimize`` (or ``from libra_opt.optimize import ...``)
+    makes Python bind the package attribute ``libra_opt.optimize`` to the
+    submodule, shadowing the lazily exported function; with this type
+    ``libra_opt.optimize(model, ...)`` works whichever import ran first."""
+
+    def __call__(self, *args, **kwargs):
+        return getattr(self, self.__name__.rpartition(".")[2])(*args, **kwargs)
 
 
 def __getattr__(name: str):

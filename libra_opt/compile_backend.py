@@ -300,12 +300,8 @@ class LibraBackend:
         """Profile ``step`` (or give it unit op times), build its problem and
         solve it to the budget (less the allocator margin on CUDA, as
         :func:`libra_opt.optimize` does)."""
-        import libra_opt
-
         from .calibrate import default_margin
-
-        libra_opt.optimize      # the public function first: a first import of the submodule by name would leave
-        from .optimize import problem_of        # the package attribute ``optimize`` naming the module
+        from .optimize import problem_of
         from .simulator import no_remat_peak
         from .solvers import solve
         from .units import parse_budget

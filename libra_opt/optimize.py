@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import time
 from contextlib import nullcontext
 from typing import Any, Callable
@@ -21,6 +22,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from . import CallableModule
 from .capture import CapturedStep, build_problem, capture
 from .plan_cache import DEFAULT_MAX_SHAPES
 from .problem import RematProblem
@@ -358,3 +360,6 @@ def _measured_step(om, args: tuple, kwargs: dict) -> None:
         torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
         del out, outs
         om.swap.synchronize()
+
+
+sys.modules[__name__].__class__ = CallableModule   # libra_opt.optimize(...) whichever import ran first

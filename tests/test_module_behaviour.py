@@ -218,3 +218,17 @@ def test_a_wrong_number_of_inputs_is_reported_as_such():
         om()
     with pytest.raises(InputMismatchError, match=r"called with 2 distinct input tensor\(s\).*made for 1"):
         om(x, torch.randn(4, 8))
+
+
+def test_package_optimize_is_callable_after_the_submodule_is_imported_by_name():
+    """``import libra_opt.optimize`` binds the package attribute to the
+    submodule; ``libra_opt.optimize(...)`` still plans the model."""
+    import importlib
+
+    import libra_opt
+
+    importlib.import_module("libra_opt.optimize")
+    torch.manual_seed(0)
+    om = libra_opt.optimize(Net(), torch.randn(BATCH, 16), 1.0, profile=False)
+    assert om.plan.peak_bytes <= om.plan.budget_bytes
+    assert type(om).__name__ == "OptimizedModule"

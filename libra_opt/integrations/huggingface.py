@@ -82,7 +82,7 @@ class _PlannedForward(nn.Module):
 
     def forward(self, *args, **kwargs):
         t = self._trainer
-        if t.optimized_model is None:
+        if t.optimized_model is None or t.optimized_model.model is not t.model:   # first step, or a new model_init
             t.optimized_model = plan_at_call(t.model, args, kwargs, t.libra_budget,
                                              autocast_dtype=autocast_dtype_of(t.args), options=t.optimize_options)
         return t.optimized_model(*args, **kwargs)

@@ -14,6 +14,10 @@ Public API (imported lazily, so ``import libra_opt`` stays cheap):
 - :func:`simulate`, :class:`Schedule`, :func:`no_remat_schedule`
 - :func:`load_problem`, :func:`save_problem`, :func:`load_remat_graph`,
   :func:`random_layered_graph`
+
+Training loops: :mod:`libra_opt.integrations` (Hugging Face ``Trainer``:
+``integrations.huggingface.LibraTrainer``; Lightning:
+``integrations.lightning.LibraCallback``).
 """
 from __future__ import annotations
 

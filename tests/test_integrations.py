@@ -134,6 +134,15 @@ def test_hf_trainer_fp32_with_dropout_and_accumulation_equals_trainer_bitwise(tm
     assert trainer.optimized_model.autocast_dtype is None
     assert _losses(trainer) == _losses(ref)
     _assert_same_parameters(trainer.model, ref.model)
+    # a num_items_in_batch given as a Python int (older transformers) is the same planned input
+    ids = TokenDataset(4).ids
+    losses = []
+    for t in (ref, trainer):
+        t.model.train()
+        torch.manual_seed(3)
+        losses.append([t.compute_loss(t.model, {"input_ids": ids, "labels": ids.clone()}, num_items_in_batch=n)
+                       for n in (37, 41)])
+    assert [torch.equal(a, b) for a, b in zip(*losses)] == [True, True]
 
 
 def test_hf_trainer_refuses_gradient_checkpointing(tmp_path):

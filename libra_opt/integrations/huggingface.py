@@ -74,7 +74,11 @@ class _PlannedForward(nn.Module):
     optimized module, made at the first call from its inputs.  Not a parent
     of the model (the Trainer never sees it outside ``compute_loss``);
     ``_get_name`` is the model's, which ``compute_loss`` reads for its label
-    smoother (causal LMs shift labels)."""
+    smoother (causal LMs shift labels).  A ``num_items_in_batch`` given as a
+    Python int becomes a 0-d tensor on the Trainer's device: TorchDynamo
+    specializes on an int's value, so each batch's count would be traced
+    anew (and hit the recompile limit); a tensor is a graph input whose value
+    may change."""
 
     def __init__(self, trainer: "LibraTrainerMixin"):
         super().__init__()
@@ -82,6 +86,9 @@ class _PlannedForward(nn.Module):
 
     def forward(self, *args, **kwargs):
         t = self._trainer
+        n = kwargs.get("num_items_in_batch")
+        if isinstance(n, int):  # some transformers versions pass a Python int: one graph per value otherwise
+            kwargs["num_items_in_batch"] = torch.tensor(n, device=t.args.device)
         if t.optimized_model is None or t.optimized_model.model is not t.model:   # first step, or a new model_init
             t.optimized_model = plan_at_call(t.model, args, kwargs, t.libra_budget,
                                              autocast_dtype=autocast_dtype_of(t.args), options=t.optimize_options)

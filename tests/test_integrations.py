@@ -145,7 +145,7 @@ def test_hf_trainer_fp32_with_dropout_and_accumulation_equals_trainer_bitwise(tm
     assert [torch.equal(a, b) for a, b in zip(*losses)] == [True, True]
 
 
-def test_hf_trainer_refuses_gradient_checkpointing(tmp_path):
+def test_hf_trainer_refuses_what_conflicts_with_the_plan(tmp_path):
     pytest.importorskip("accelerate")
     from libra_opt.integrations.huggingface import LibraTrainer
 
@@ -159,7 +159,8 @@ def test_hf_trainer_refuses_gradient_checkpointing(tmp_path):
 
 def test_optimized_module_forwards_the_models_attributes(tmp_path):
     """config, can_generate, generate, save_pretrained reach the wrapped model; gradient
-    checkpointing is refused; a missing attribute names both classes."""
+    checkpointing is refused; a missing attribute names both classes; LibraTrainer wants the
+    model itself."""
     from libra_opt.integrations.huggingface import prepare_model
     from libra_opt.optimize import optimize
     from transformers import GPT2LMHeadModel
@@ -176,6 +177,11 @@ def test_optimized_module_forwards_the_models_attributes(tmp_path):
         om.gradient_checkpointing_enable()
     with pytest.raises(AttributeError, match="OptimizedModule' object and its model \\(GPT2LMHeadModel\\)"):
         om.no_such_attribute
+    pytest.importorskip("accelerate")
+    from libra_opt.integrations.huggingface import LibraTrainer
+
+    with pytest.raises(IntegrationError, match="takes the model itself"):
+        LibraTrainer(model=om, args=_training_args(tmp_path, "om"), train_dataset=TokenDataset(4), budget="60%")
 
 
 @pytest.mark.cuda

@@ -127,9 +127,10 @@ class LibraTrainerMixin:
         ``budget`` breaks the budget contract.
     IntegrationError
         ``gradient_checkpointing`` / ``activation_checkpointing`` or
-        ``torch_compile`` is set, ``optimize_options`` sets what the Trainer
-        decides (``example_kwargs``, ``autocast_dtype``), or (at the first
-        step) the model is wrapped for more than one process.
+        ``torch_compile`` is set, ``model`` is already an optimized module,
+        ``optimize_options`` sets what the Trainer decides
+        (``example_kwargs``, ``autocast_dtype``), or (at the first step) the
+        model is wrapped for more than one process.
     """
 
     def __init__(self, *args, budget, optimize_options: dict | None = None, **kwargs):
@@ -140,6 +141,11 @@ class LibraTrainerMixin:
         self.libra_budget = budget
         self.optimized_model = None
         super().__init__(*args, **kwargs)
+        from ..runtime.module import OptimizedModule
+
+        if isinstance(self.model, OptimizedModule):
+            raise IntegrationError(f"{type(self).__name__}(model=...) takes the model itself (it plans at the first "
+                                   f"step): pass the optimized module's .model, or the model you gave optimize()")
         a = self.args
         if getattr(a, "activation_checkpointing", False) or getattr(a, "gradient_checkpointing", False):
             raise IntegrationError(

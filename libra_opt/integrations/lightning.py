@@ -24,6 +24,12 @@ The autocast dtype comes from the Trainer's ``precision``
 the model's own keys, so checkpoints load into the LightningModule with or
 without the callback.
 
+Until that first training call the placeholder holds the submodule as its
+child ``model``, so ``lit_module.state_dict()`` keys have one more ``model.``
+level in that window only; Lightning restores a ``ckpt_path`` before
+``on_fit_start`` on one device and under DDP (strategies that restore after
+setup, DeepSpeed and FSDP, are not supported).
+
 Why a callback (and not ``lit_module.model = optimize(...)`` by hand): the
 example inputs and the precision are the Trainer's, known only once ``fit``
 runs.  The plan is made for the first batch's shapes (see

@@ -229,7 +229,9 @@ class OptimizedModule(nn.Module):
         ``om.can_generate()``, ``om.save_pretrained(path)`` (tied weights,
         the model's own keys) work as on the model (generation runs without
         the plan, under ``torch.no_grad()``).  Names starting with ``_`` are
-        not forwarded.
+        not forwarded.  Source: ``torch.nn.Module.__getattr__`` (called only
+        when ordinary lookup fails, so the optimized module's own attributes
+        come first).
 
         Raises
         ------

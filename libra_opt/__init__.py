@@ -17,6 +17,10 @@ Public API (imported lazily, so ``import libra_opt`` stays cheap):
 - :func:`load_problem`, :func:`save_problem`, :func:`load_remat_graph`,
   :func:`random_layered_graph`
 - :func:`pad_to_bucket`: pad a batch to one of a few lengths (few plans)
+
+Training loops: :mod:`libra_opt.integrations` (Hugging Face ``Trainer``:
+``integrations.huggingface.LibraTrainer``; Lightning:
+``integrations.lightning.LibraCallback``).
 """
 from __future__ import annotations
 

@@ -131,6 +131,13 @@ class ExecutorError(LibraOptError, ValueError):
     what to change."""
 
 
+class IntegrationError(LibraOptError, ValueError):
+    """A training framework's setting conflicts with the plan (e.g. Hugging
+    Face ``gradient_checkpointing=True``, which the plan's recomputation
+    replaces); the message names the setting and what to change
+    (:mod:`libra_opt.integrations`)."""
+
+
 class PlotError(LibraOptError, ValueError):
     """The data given to a plot function cannot be plotted; the message says why."""
 

@@ -3,15 +3,17 @@
 One naming scheme (``pyproject.toml``'s ``[project.optional-dependencies]``):
 an extra is named after what it enables.
 
-=======  ==========================  ===========================================
-extra    installs                    enables
-=======  ==========================  ===========================================
-``zoo``  ``transformers``            :mod:`libra_opt.zoo` models, ``profile --model``
-``plot`` ``matplotlib``              :mod:`libra_opt.plots`, every ``--plot``
-``demo`` ``zoo`` + ``plot``          ``libra-opt demo``
-``test`` ``zoo`` + ``plot`` + pytest the test suite
-``all``  all of the above
-=======  ==========================  ===========================================
+===============  ================================  =======================================================
+extra            installs                          enables
+===============  ================================  =======================================================
+``zoo``          ``transformers``                  :mod:`libra_opt.zoo` models, ``profile --model``
+``plot``         ``matplotlib``                    :mod:`libra_opt.plots`, every ``--plot``
+``huggingface``  ``transformers``, ``accelerate``  :mod:`libra_opt.integrations.huggingface` (``Trainer``)
+``lightning``    ``lightning``                     :mod:`libra_opt.integrations.lightning`
+``demo``         ``zoo`` + ``plot``                ``libra-opt demo``
+``test``         all of the above + pytest         the test suite
+``all``          all of the above
+===============  ================================  =======================================================
 
 Code that needs an extra calls :func:`require`, which imports the module or
 raises :class:`~libra_opt.errors.MissingExtraError` naming the ``pip install``
@@ -28,6 +30,8 @@ from .errors import MissingExtraError
 EXTRAS: dict[str, tuple[str, ...]] = {
     "zoo": ("transformers",),
     "plot": ("matplotlib",),
+    "huggingface": ("transformers", "accelerate"),
+    "lightning": ("lightning",),
 }
 
 

@@ -276,6 +276,56 @@ class OptimizedModule(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
 
+    # ------------------------------------------------------------ the model's own attributes
+    def __getattr__(self, name: str):
+        """Parameters, buffers and submodules as ``torch.nn.Module`` finds
+        them, then the wrapped model's public attributes: for a
+        ``transformers`` model ``om.config``, ``om.generate(...)``,
+        ``om.can_generate()``, ``om.save_pretrained(path)`` (tied weights,
+        the model's own keys) work as on the model (generation runs without
+        the plan, under ``torch.no_grad()``).  Names starting with ``_`` are
+        not forwarded.  Source: ``torch.nn.Module.__getattr__`` (called only
+        when ordinary lookup fails, so the optimized module's own attributes
+        come first).
+
+        Raises
+        ------
+        AttributeError
+            Neither the optimized module nor its model has ``name``.
+        """
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            model = self.__dict__.get("_modules", {}).get("model")
+            if model is None or name.startswith("_"):
+                raise
+        try:
+            return getattr(model, name)
+        except AttributeError:
+            raise AttributeError(f"'{type(self).__name__}' object and its model ({type(model).__name__}) have no "
+                                 f"attribute '{name}'") from None
+
+    def gradient_checkpointing_enable(self, *args, **kwargs):
+        """Refused: the plan already recomputes activations to fit the budget,
+        and the model's own checkpointing (``transformers``'
+        ``gradient_checkpointing_enable``, called by
+        ``TrainingArguments(gradient_checkpointing=True)``) would change the
+        graph the plan is made for.
+
+        Raises
+        ------
+        IntegrationError
+            Always; the message says what to change.
+        """
+        from libra_opt.errors import IntegrationError
+
+        raise IntegrationError(
+            "gradient_checkpointing_enable on an optimized module: libra-opt's plan already recomputes (and "
+            "swaps) activations to fit the budget; drop the call (TrainingArguments(gradient_checkpointing="
+            "False)) and lower the budget to save more memory")
+
+    activation_checkpointing_enable = gradient_checkpointing_enable
+
     # ------------------------------------------------------------ backend
     def _backend(self, gm, example_inputs, shape_plan: ShapePlan | None = None):
         """TorchDynamo backend of the example's step (``shape_plan`` None) or

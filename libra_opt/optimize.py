@@ -70,7 +70,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
              optimizer: str = "adam", profile: bool = True, executor: str | None = None,
              cuda_graphs: bool = False, calibrate: bool = False, allocator_margin: int | float | None = None,
              max_calibrations: int = 3, problem_builder: Callable[[CapturedStep], RematProblem] | None = None,
-             **solver_options):
+             ddp_bucket_cap_mb: float | None = None, **solver_options):
     """Make ``model`` train within a memory budget.
 
     Parameters
@@ -135,6 +135,16 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         unplanned step).  ``max-batch`` passes one that reuses op times
         profiled at smaller batches, so the unplanned step never runs at a
         batch that may not fit.
+    ddp_bucket_cap_mb : float, optional
+        For a module you then wrap in ``DistributedDataParallel(om,
+        bucket_cap_mb=...)``: split the step into pieces at DDP's gradient
+        buckets of this many MiB (pass DDP's ``bucket_cap_mb``, default 25),
+        as ``torch.compile``'s DDPOptimizer does, one plan per piece under the
+        one budget, so each bucket's all-reduce starts while the backward of
+        the earlier pieces runs (:mod:`libra_opt.runtime.split`).  The result
+        is a :class:`~libra_opt.runtime.split.SplitOptimizedModule`: ``.plan``
+        is a :class:`~libra_opt.runtime.split.SplitPlan`, ``.plans`` the
+        per-piece plans.  Not with ``calibrate``.
     **solver_options
         Passed to the solver (its ``Options`` dataclass).
 
@@ -182,7 +192,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     or set ``LIBRA_OPT_EXPANDABLE_SEGMENTS=0``
     (:func:`~libra_opt.runtime.memory.configure_allocator`).
     """
-    from .errors import InfeasibleBudgetError
+    from .errors import InfeasibleBudgetError, LibraOptError
     from .runtime.inductor import check_cuda_graphs, resolve_executor
     from .runtime.module import OptimizedModule
     from .simulator import no_remat_peak
@@ -192,10 +202,25 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     # the budget contract, the executor and the margin: checked before anything is captured or profiled
     check_budget(budget)
     _check_margin(allocator_margin)
+    _check_not_wrapped(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     executor = resolve_executor(executor, device)
     check_cuda_graphs(cuda_graphs, executor, device, swaps=0)
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if ddp_bucket_cap_mb is not None:
+        from .runtime.split import bucket_bytes, optimize_split
+
+        bucket_bytes(ddp_bucket_cap_mb)
+        if calibrate:
+            raise LibraOptError("calibrate=True is not available with ddp_bucket_cap_mb (one plan per DDP piece); "
+                                "leave one of them out")
+        return optimize_split(model, args, example_kwargs, budget, solver, bucket_cap_mb=ddp_bucket_cap_mb,
+                              autocast_dtype=autocast_dtype, loss_fn=loss_fn,
+                              problem_builder=problem_builder or (lambda s: problem_of(s, optimizer=optimizer,
+                                                                                       profile=profile)),
+                              executor=executor, cuda_graphs=cuda_graphs,
+                              margin_of=lambda b, dev: _margin_bytes(allocator_margin, b, dev),
+                              solver_options=solver_options)
     t0 = time.perf_counter()
     step = capture(model, args, example_kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
     if step.device.type == "cuda":
@@ -243,6 +268,27 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     om.budget_bytes = budget_bytes
     om.calibration = records
     return om
+
+
+def _check_not_wrapped(model: nn.Module) -> None:
+    """Raise :class:`~libra_opt.errors.LibraOptError` for a model wrapped in
+    ``DistributedDataParallel`` (wrap the optimized module instead: the plan
+    is made for the model, DDP wraps what trains) or sharded by FSDP2's
+    ``fully_shard`` (see :func:`libra_opt.runtime.split.check_not_sharded`)."""
+    from .errors import LibraOptError
+    from .runtime.split import check_not_sharded
+
+    if torch.distributed.is_available():
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            cap = model.bucket_bytes_cap / 2 ** 20
+            raise LibraOptError(
+                f"optimize() got a DistributedDataParallel module: wrap the other way, "
+                f"DistributedDataParallel(libra_opt.optimize(model, ..., ddp_bucket_cap_mb={cap:g}), "
+                f"bucket_cap_mb={cap:g}) with the unwrapped model (ddp.module), so that DDP all-reduces the "
+                f"gradients of the planned step")
+    check_not_sharded(model)
 
 
 def _check_margin(margin) -> None:

@@ -1,4 +1,5 @@
-"""A training step split at DDP's gradient-bucket boundaries: one plan per piece.
+"""A training step in pieces, one plan per piece under one budget: DDP's
+gradient buckets (:func:`optimize_split`) and FSDP2's units (:func:`optimize_units`).
 
 ``DistributedDataParallel`` all-reduces gradients in buckets (``bucket_cap_mb``,
 parameters in reverse order) from autograd hooks that fire when a parameter's
@@ -34,7 +35,17 @@ per second of added time is switched until the bound fits.  A budget given as a 
 or percentage refers to the bound of the no-remat plans, the split step's
 no-remat peak.
 
+**FSDP2.**  A model sharded with ``fully_shard`` is not one graph (FSDP2's
+hooks are excluded from TorchDynamo), but a unit optimized *before* it is
+sharded is: ``fully_shard(optimized_unit)`` all-gathers the parameters before
+the unit's forward and backward, and the unit's compiled step runs its plan
+between the hooks (the gathered parameters are its graph inputs; gradients
+bitwise equal to FSDP2 without a plan with the eager executor).
+:func:`optimize_units` plans the units as the pieces above, under one
+per-rank budget.
+
 Sources: ``torch/_dynamo/backends/distributed.py`` (Note [DDPOptimizer]);
+``torch.distributed.fsdp.fully_shard`` (FSDP2);
 ``torch.nn.parallel.DistributedDataParallel`` (``bucket_cap_mb``, gradient
 hooks); Checkmate (Jain et al., MLSys 2020) for the per-piece problems.
 """
@@ -43,8 +54,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -63,7 +74,8 @@ from .swap import SwapManager, _align
 logger = logging.getLogger(__name__)
 
 __all__ = ["SplitPlan", "SplitOptimizedModule", "bucket_bytes", "capture_pieces", "held_bytes", "split_bound",
-           "plan_pieces", "optimize_split", "active_ddp_module", "no_ddp_split"]
+           "plan_pieces", "optimize_split", "optimize_units", "check_not_sharded", "active_ddp_module",
+           "no_ddp_split"]
 
 #: fractions of each piece's no-remat peak its candidate plans are made for (:func:`candidate_plans`)
 FRACTIONS = tuple(round(1 - i / 20, 2) for i in range(20))
@@ -276,6 +288,9 @@ class SplitPlan:
         ``pieces[k].solver``).
     status : str
         ``"optimal"`` when every piece's plan is, else ``"feasible"``.
+    modules : list of OptimizedModule
+        From :func:`optimize_units`: the optimized units, in execution order
+        (empty for a DDP split).
     """
 
     pieces: list
@@ -285,6 +300,7 @@ class SplitPlan:
     time_s: float
     solver: str
     status: str = "feasible"
+    modules: list = field(default_factory=list)
 
     @property
     def success(self) -> bool:
@@ -573,7 +589,7 @@ def unsplit_under_ddp(module):
         yield
 
 
-# ---------------------------------------------------------------- FSDP2
+# ---------------------------------------------------------------- FSDP2: one plan per unit
 def _fsdp_module_class():
     """``torch.distributed.fsdp.FSDPModule`` (torch >= 2.6), else the
     ``torch.distributed._composable.fsdp`` one, else ``None``."""
@@ -591,12 +607,12 @@ def _fsdp_module_class():
 
 def check_not_sharded(model: nn.Module) -> None:
     """Raise :class:`~libra_opt.errors.LibraOptError` when ``model`` or one of
-    its submodules was sharded with FSDP2's ``fully_shard``.
+    its submodules was already sharded with FSDP2's ``fully_shard``.
 
     FSDP2's pre- and post-forward hooks (all-gather, reshard, the
     post-backward reduce-scatter) are wrapped in ``torch._dynamo.disable`` in
-    torch 2.11-2.13, so a sharded model is a graph break and never captures as
-    one step; the message points to DDP.
+    torch 2.11-2.13, so a sharded model never captures as one graph; its units
+    are optimized before sharding instead (:func:`optimize_units`).
     """
     cls = _fsdp_module_class()
     if cls is None:
@@ -606,6 +622,137 @@ def check_not_sharded(model: nn.Module) -> None:
         raise LibraOptError(
             f"optimize() got a model sharded with FSDP2's fully_shard ({', '.join(sharded[:3])}"
             f"{', ...' if len(sharded) > 3 else ''}): FSDP2's hooks are excluded from TorchDynamo "
-            f"(torch._dynamo.disable), so the sharded step cannot be captured as a graph to plan. Use DDP: "
-            f"DistributedDataParallel(libra_opt.optimize(model, ..., ddp_bucket_cap_mb=25), bucket_cap_mb=25) "
-            f"(see the README, 'Use it with FSDP2')")
+            f"(torch._dynamo.disable), so a sharded model is not one graph to plan. Optimize the units before "
+            f"sharding them: plan = libra_opt.runtime.split.optimize_units(model, example_x, budget, "
+            f"units=[...]), then fully_shard(unit) for unit in plan.modules and fully_shard(model); or use "
+            f"DDP (see the README, 'Use it with FSDP2')")
+
+
+def _record_unit_inputs(model: nn.Module, units: list, args: tuple, kwargs: dict) -> list:
+    """Run ``model`` once without grad (buffers and RNG restored after) and
+    return ``(unit, args, kwargs)`` per unit in the order they ran, the
+    inputs cloned.  A floating-point input that is not one of the caller's
+    own tensors is marked ``requires_grad`` (it was made from parameters:
+    with grad on, it would require grad), as the unit's training step sees it.
+
+    Raises
+    ------
+    LibraOptError
+        A unit does not run, or runs more than once, in the forward.
+    """
+    from torch.utils._pytree import tree_map
+
+    from libra_opt.calibrate import preserved_state
+
+    own = {id(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+    trains = any(p.requires_grad for p in model.parameters())
+
+    def copy_(t):
+        if not isinstance(t, torch.Tensor):
+            return t
+        c = t.detach().clone()
+        grad = t.requires_grad if id(t) in own else (trains and c.is_floating_point())
+        return c.requires_grad_(grad)
+
+    seen: list = []
+
+    def hook(module, a, kw):
+        if any(m is module for m, _, _ in seen):
+            raise LibraOptError(f"unit {type(module).__name__} runs more than once in the forward; a unit must run "
+                                f"once per step")
+        seen.append((module, tree_map(copy_, tuple(a)), tree_map(copy_, dict(kw))))
+
+    handles = [u.register_forward_pre_hook(hook, with_kwargs=True) for u in units]
+    try:
+        with preserved_state(model), torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [type(u).__name__ for u in units if not any(m is u for m, _, _ in seen)]
+    if missing:
+        raise LibraOptError(f"units {missing} do not run in the model's forward; pass submodules the forward calls")
+    return seen
+
+
+def optimize_units(model: nn.Module, example_inputs: Any, budget, *, units, solver="libra",
+                   example_kwargs: dict | None = None, autocast_dtype: torch.dtype | None = None,
+                   optimizer: str = "adam", profile: bool = True, executor: str | None = None,
+                   **solver_options) -> SplitPlan:
+    """Optimize the units of ``model`` (the submodules you will ``fully_shard``)
+    under one budget, replacing each by its :class:`OptimizedModule` in place.
+
+    Call it before sharding, then ``fully_shard(unit)`` for each unit of
+    ``plan.modules`` and ``fully_shard(model)``: FSDP2 all-gathers a unit's
+    parameters before its forward and backward (they are the unit's graph
+    inputs, outside the budget; its sharded parameters are the resident
+    memory), and the unit runs its plan between its hooks.  The units are
+    planned as the pieces of a DDP split (:func:`plan_pieces`: while one runs,
+    the ones before it hold what their forward parts keep, the ones after it
+    their gradients), so their graph memory together stays within
+    ``budget`` per rank.  What runs outside the units (an embedding, the head,
+    the loss) runs eagerly and is not in the budget.
+
+    Parameters
+    ----------
+    model : nn.Module
+        In training mode, not sharded yet.
+    example_inputs : tensor or tuple
+        The model's example inputs (each unit's are recorded by running the
+        model once without grad).
+    budget : int, float or str
+        Graph-memory budget per rank (bytes, ``"12GiB"``, ``"60%"``: of the
+        units' no-remat bound).
+    units : iterable of nn.Module
+        Submodules of ``model`` that run once per forward, e.g. the
+        transformer blocks.
+    solver, example_kwargs, autocast_dtype, optimizer, profile, executor, **solver_options
+        As :func:`libra_opt.optimize`.
+
+    Returns
+    -------
+    SplitPlan
+        ``plan.modules``: the optimized units in execution order (also set
+        in ``model`` in place of the units); ``plan.pieces`` their plans;
+        ``plan.peak_bytes`` the units' predicted peak (bytes).
+
+    Raises
+    ------
+    BudgetError, CaptureError, InfeasibleBudgetError, ExecutorError
+        As :func:`libra_opt.optimize`.
+    LibraOptError
+        ``model`` is already sharded, or a unit is not called exactly once.
+    """
+    from libra_opt.calibrate import default_margin
+    from libra_opt.capture import capture
+    from libra_opt.optimize import problem_of
+    from libra_opt.units import check_budget, parse_budget
+
+    from .inductor import resolve_executor
+
+    check_budget(budget)
+    check_not_sharded(model)
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    units = list(units)
+    parents = {id(m): (parent, name) for parent in model.modules() for name, m in parent.named_children()}
+    if not units or any(id(u) not in parents for u in units):
+        raise LibraOptError("units must be one or more submodules of the model (e.g. model.layers), not the model "
+                            "itself")
+    runs = _record_unit_inputs(model, units, args, dict(example_kwargs or {}))
+    steps = [capture(u, a, kw, autocast_dtype=autocast_dtype) for u, a, kw in runs]
+    problems = [problem_of(s, optimizer=optimizer, profile=profile) for s in steps]
+    budget_bytes = parse_budget(budget, no_remat_bound(problems))
+    device = steps[0].device
+    plan = plan_pieces(problems, budget_bytes - default_margin(budget_bytes, device), solver, **solver_options)
+    executor = resolve_executor(executor, device)
+    for (unit, _, _), step, problem, result in zip(runs, steps, problems, plan.pieces):
+        om = OptimizedModule(unit, problem, result, example_shapes=step.example_shapes,
+                             autocast_dtype=autocast_dtype, device=step.device, executor=executor)
+        om.budget_bytes = budget_bytes
+        om.calibration = []
+        parent, name = parents[id(unit)]
+        setattr(parent, name, om)
+        plan.modules.append(om)
+    logger.info("optimize_units: %d units, predicted peak %d bytes (budget %d)", len(problems), plan.peak_bytes,
+                budget_bytes)
+    return plan

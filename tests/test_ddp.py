@@ -1,7 +1,7 @@
-"""DDP and FSDP2 on 2 CPU processes (gloo): the README's DDP loop against the
-same loop without libra-opt, the overlap of the first bucket's all-reduce with
-the backward, the one budget of the pieces, and the errors for
-``optimize(DDP(m))`` and FSDP2.
+"""DDP and FSDP2 on 2 CPU processes (gloo): the README's DDP and FSDP2 loops
+against the same loops without libra-opt, the overlap of the first bucket's
+all-reduce with the backward, the one budget of the pieces, and the errors
+for ``optimize(DDP(m))`` and an already sharded model.
 
 One ``torch.multiprocessing.spawn`` of 2 ranks runs every check (a module
 fixture); each rank writes what it saw to a JSON file, the tests assert on it.
@@ -33,6 +33,13 @@ BUDGET = "90%"
 def mlp(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.Tanh()) for _ in range(11)], nn.Linear(256, 10))
+
+
+def blocks_model(seed: int = 0) -> nn.Module:
+    """4 blocks of 3 (Linear 256, Tanh), then a Linear head (the units: the blocks)."""
+    torch.manual_seed(seed)
+    return nn.Sequential(*[nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(256, 256), nn.Tanh())])
+                           for _ in range(4)], nn.Linear(256, 10))
 
 
 def readme_block(marker: str) -> str:
@@ -174,6 +181,43 @@ def _errors(rank: int) -> dict:
     return out
 
 
+def _fsdp2_units(rank: int) -> dict:
+    """The README's FSDP2 code on 4 blocks, then the same loop with plain FSDP2."""
+    from torch.distributed.fsdp import fully_shard
+
+    model, plain = blocks_model(3), blocks_model(3)
+    batches = _batches(rank)
+    losses = []
+    code = readme_block("fsdp2-example").replace('budget="60%"', f'budget="{BUDGET}"')
+    code = code.replace("    loss.backward()", "    losses.append(loss.item())\n    loss.backward()")
+    ns = {"model": model, "example_x": batches[0][0], "batches": batches, "losses": losses,
+          "blocks": list(model)[:-1]}
+    exec(compile(code, "README.md:fsdp2-example", "exec"), ns)
+    for block in list(plain)[:-1]:
+        fully_shard(block)
+    fully_shard(plain)
+    opt = torch.optim.SGD(plain.parameters(), lr=0.01)
+    ref_losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(plain(x), y)
+        ref_losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    x, y = batches[0]
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.functional.cross_entropy(plain(x), y).backward()
+    plan = ns["plan"]
+    return {"units": len(plan.modules), "losses": losses, "ref_losses": ref_losses,
+            "recomputed": sum(len(om.lowered.recomputed) for om in plan.modules),
+            "ran": all(om._ran for om in plan.modules),
+            "bound": plan.peak_bytes, "budget": plan.modules[0].budget_bytes,
+            "grads_equal": all(torch.equal(a.grad.full_tensor(), b.grad.full_tensor())
+                               for a, b in zip(model.parameters(), plain.parameters())),
+            "params_equal": all(torch.equal(a.full_tensor(), b.full_tensor())
+                                for a, b in zip(model.parameters(), plain.parameters()))}
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     import torch.distributed as dist
 
@@ -185,6 +229,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         res["readme"] = _readme_loop(rank)     # initialises the process group (the README's code)
         res["overlap"] = _overlap_and_budget(rank)
         res["errors"] = _errors(rank)
+        res["fsdp2"] = _fsdp2_units(rank)
     finally:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
         if dist.is_initialized():
@@ -235,8 +280,17 @@ def test_wrapping_errors_and_unsplit_module(ranks):
         err = r["errors"]
         assert "wrap the other way" in err["ddp_wrapped"] and "ddp_bucket_cap_mb" in err["ddp_wrapped"]
         if err["fsdp_available"]:
-            assert "fully_shard" in err["fsdp"] and "DistributedDataParallel" in err["fsdp"]
+            assert "fully_shard" in err["fsdp"] and "optimize_units" in err["fsdp"]
         assert len(err["unsplit_warning"]) == 1 and err["unsplit_grads_equal"]
+
+
+def test_readme_fsdp2_units_equal_plain_fsdp2(ranks):
+    for r in ranks:
+        got = r["fsdp2"]
+        assert got["units"] == 4 and got["ran"]
+        assert got["recomputed"] > 0 and got["bound"] <= got["budget"]
+        assert got["losses"] == got["ref_losses"]
+        assert got["grads_equal"] and got["params_equal"]
 
 
 def test_bucket_cap_is_checked():

@@ -592,8 +592,13 @@ def unsplit_under_ddp(module):
 # ---------------------------------------------------------------- FSDP2: one plan per unit
 def _fsdp_module_class():
     """``torch.distributed.fsdp.FSDPModule`` (torch >= 2.6), else the
-    ``torch.distributed._composable.fsdp`` one, else ``None``."""
-    if not torch.distributed.is_available():
+    ``torch.distributed._composable.fsdp`` one; ``None`` when neither is
+    imported yet (no model can have been sharded: importing FSDP takes
+    seconds) or torch.distributed is missing."""
+    import sys
+
+    if not torch.distributed.is_available() or not any(
+            m in sys.modules for m in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp")):
         return None
     try:
         from torch.distributed.fsdp import FSDPModule

@@ -73,6 +73,23 @@ def _batches(rank: int, steps: int = 2):
     return [(torch.randn(512, 256, generator=g), torch.randint(0, 10, (512,), generator=g)) for _ in range(steps)]
 
 
+def _plain_loop(ref: nn.Module, batches, trained: nn.Module) -> list:
+    """The README's loop without libra-opt on ``ref`` (its losses), then one
+    more backward each of ``ref`` and ``trained`` (gradients kept to compare)."""
+    opt = torch.optim.SGD(ref.parameters(), lr=0.01)
+    losses = []
+    for x, y in batches:
+        loss = torch.nn.functional.cross_entropy(ref(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    x, y = batches[0]
+    for m in (trained, ref):
+        torch.nn.functional.cross_entropy(m(x), y).backward()
+    return losses
+
+
 def _readme_loop(rank: int) -> dict:
     """The README's DDP code on an MLP, then the same loop with plain DDP."""
     import torch.distributed as dist
@@ -81,64 +98,41 @@ def _readme_loop(rank: int) -> dict:
     model, plain = mlp(), mlp()
     batches = _batches(rank)
     code = readme_block("ddp-example").replace("bucket_mb = 25", f"bucket_mb = {BUCKET_MB}")
-    code = code.replace('budget="60%"', f'budget="{BUDGET}"')
+    code = code.replace('budget="60%"', f'budget="{BUDGET}", profile=False')   # profiling: tested elsewhere
     losses = []
     code = code.replace("    loss.backward()", "    losses.append(loss.item())\n    loss.backward()")
     ns = {"model": model, "example_x": batches[0][0], "batches": batches, "losses": losses}
     exec(compile(code, "README.md:ddp-example", "exec"), ns)
     ref = DDP(plain, bucket_cap_mb=BUCKET_MB)
-    opt = torch.optim.SGD(ref.parameters(), lr=0.01)
-    ref_losses = []
-    for x, y in batches:
-        loss = torch.nn.functional.cross_entropy(ref(x), y)
-        ref_losses.append(loss.item())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    # one more backward each, gradients kept
-    x, y = batches[0]
-    torch.nn.functional.cross_entropy(ns["ddp"](x), y).backward()
-    torch.nn.functional.cross_entropy(ref(x), y).backward()
+    ref_losses = _plain_loop(ref, batches, ns["ddp"])
     om = ns["om"]
     assert dist.is_initialized()
-    return {"pieces": len(om.plans), "losses": losses, "ref_losses": ref_losses,
-            "grads_equal": all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), plain.parameters())),
-            "params_equal": all(torch.equal(a, b) for a, b in zip(model.parameters(), plain.parameters()))}
+    out = {"pieces": len(om.plans), "losses": losses, "ref_losses": ref_losses,
+           "grads_equal": all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), plain.parameters())),
+           "params_equal": all(torch.equal(a, b) for a, b in zip(model.parameters(), plain.parameters()))}
+    return {**out, **_overlap_and_budget(ns["ddp"], om, batches[0])}
 
 
-def _overlap_and_budget(rank: int) -> dict:
-    """A split module under a budget: when DDP's first bucket is
+def _overlap_and_budget(ddp, om, batch) -> dict:
+    """One more step of the README's DDP module: when DDP's first bucket is
     all-reduced, how many planned graphs had run; the tracked peak."""
-    from libra_opt.optimize import optimize
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    model, plain = mlp(1), mlp(1)
-    x, y = _batches(rank, 1)[0]
-    om = optimize(model, x, budget=BUDGET, profile=False, executor="eager", ddp_bucket_cap_mb=BUCKET_MB)
-    ddp = DDP(om, bucket_cap_mb=BUCKET_MB)
-    tracker = CountingTracker()
-    at_bucket = []
-
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    at_bucket = []
+    tracker = CountingTracker()
 
     def hook(state, bucket):
         at_bucket.append(tracker.runs)
         return allreduce_hook(state, bucket)
 
-    ddp.register_comm_hook(None, hook)
-    ref = DDP(plain, bucket_cap_mb=BUCKET_MB)
-    for step in range(2):     # DDP rebuilds its buckets after the first step, in the order gradients came
-        model.zero_grad(set_to_none=True)
-        plain.zero_grad(set_to_none=True)
-        at_bucket.clear()
-        tracker = CountingTracker()
-        with om.tracking(tracker):
-            torch.nn.functional.cross_entropy(ddp(x), y).backward()
-        torch.nn.functional.cross_entropy(ref(x), y).backward()
-    return {"pieces": len(om.plans), "runs": tracker.runs, "at_bucket": at_bucket,
+    ddp.register_comm_hook(None, hook)   # DDP's buckets were rebuilt after its first step, in gradient order
+    om.zero_grad(set_to_none=True)
+    x, y = batch
+    with om.tracking(tracker):
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+    return {"runs": tracker.runs, "at_bucket": at_bucket,
             "recomputed": sum(len(lp.recomputed) for lp in om.lowered_pieces),
-            "peak": tracker.inner.peak_bytes, "budget": om.budget_bytes, "bound": om.plan.peak_bytes,
-            "grads_equal": all(torch.equal(a.grad, b.grad) for a, b in zip(model.parameters(), plain.parameters()))}
+            "peak": tracker.inner.peak_bytes, "budget": om.budget_bytes, "bound": om.plan.peak_bytes}
 
 
 def _errors(rank: int) -> dict:
@@ -155,9 +149,12 @@ def _errors(rank: int) -> dict:
         out["ddp_wrapped"] = str(e)
     from libra_opt.runtime.split import _fsdp_module_class
 
-    out["fsdp_available"] = _fsdp_module_class() is not None
-    if out["fsdp_available"]:
+    try:
         from torch.distributed.fsdp import fully_shard
+    except ImportError:      # torch < 2.6
+        fully_shard = None
+    out["fsdp_available"] = fully_shard is not None and _fsdp_module_class() is not None
+    if out["fsdp_available"]:
 
         sharded = mlp()
         for layer in sharded:
@@ -188,7 +185,7 @@ def _fsdp2_units(rank: int) -> dict:
     model, plain = blocks_model(3), blocks_model(3)
     batches = _batches(rank)
     losses = []
-    code = readme_block("fsdp2-example").replace('budget="60%"', f'budget="{BUDGET}"')
+    code = readme_block("fsdp2-example").replace('budget="60%"', f'budget="{BUDGET}", profile=False')
     code = code.replace("    loss.backward()", "    losses.append(loss.item())\n    loss.backward()")
     ns = {"model": model, "example_x": batches[0][0], "batches": batches, "losses": losses,
           "blocks": list(model)[:-1]}
@@ -196,17 +193,7 @@ def _fsdp2_units(rank: int) -> dict:
     for block in list(plain)[:-1]:
         fully_shard(block)
     fully_shard(plain)
-    opt = torch.optim.SGD(plain.parameters(), lr=0.01)
-    ref_losses = []
-    for x, y in batches:
-        loss = torch.nn.functional.cross_entropy(plain(x), y)
-        ref_losses.append(loss.item())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    x, y = batches[0]
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    torch.nn.functional.cross_entropy(plain(x), y).backward()
+    ref_losses = _plain_loop(plain, batches, model)
     plan = ns["plan"]
     return {"units": len(plan.modules), "losses": losses, "ref_losses": ref_losses,
             "recomputed": sum(len(om.lowered.recomputed) for om in plan.modules),
@@ -227,7 +214,6 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     res = {}
     try:
         res["readme"] = _readme_loop(rank)     # initialises the process group (the README's code)
-        res["overlap"] = _overlap_and_budget(rank)
         res["errors"] = _errors(rank)
         res["fsdp2"] = _fsdp2_units(rank)
     finally:
@@ -259,18 +245,17 @@ def test_readme_ddp_loop_equals_plain_ddp(ranks):
 
 def test_first_bucket_allreduce_starts_before_backward_ends(ranks):
     for r in ranks:
-        got = r["overlap"]
+        got = r["readme"]
         pieces = got["pieces"]
         assert pieces == 3 and got["runs"] == 2 * pieces      # each piece: one forward, one backward graph
         assert len(got["at_bucket"]) >= 2
         # the first bucket is all-reduced after the last piece's backward, before the others' backward
         assert got["at_bucket"][0] == pieces + 1
-        assert got["grads_equal"]
 
 
 def test_split_pieces_share_one_budget(ranks):
     for r in ranks:
-        got = r["overlap"]
+        got = r["readme"]
         assert got["recomputed"] > 0                          # the budget made the plans evict
         assert got["peak"] <= got["bound"] <= got["budget"]
 

@@ -170,6 +170,11 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         measured step fits (the message lists each iteration and the smallest
         budget that would work).
     SolverNotFoundError, SolverUnavailableError
+    LibraOptError
+        ``model`` is a ``DistributedDataParallel`` (wrap the optimized module
+        instead) or sharded with FSDP2's ``fully_shard`` (optimize its units
+        before sharding: :func:`libra_opt.runtime.split.optimize_units`); a bad
+        ``ddp_bucket_cap_mb``, or ``ddp_bucket_cap_mb`` with ``calibrate``.
     ExecutorError
         Unknown ``executor`` (raised before anything is captured), or
         ``cuda_graphs=True`` without CUDA, without the Inductor executor, or

@@ -562,6 +562,10 @@ def optimize_split(model: nn.Module, args: tuple, kwargs: dict | None, budget, s
     cap = bucket_bytes(bucket_cap_mb)
     steps = capture_pieces(model, args, kwargs, bucket_bytes_cap=cap, autocast_dtype=autocast_dtype,
                            loss_fn=loss_fn)
+    if steps[0].device.type == "cuda":
+        from .memory import configure_allocator
+
+        configure_allocator()       # as optimize does: expandable segments unless the user configured it
     problems = [problem_builder(s) for s in steps]
     budget_bytes = parse_budget(budget, no_remat_bound(problems))
     plan = plan_pieces(problems, budget_bytes - margin_of(budget_bytes, steps[0].device), solver, **solver_options)

@@ -74,7 +74,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
              optimizer: str = "adam", profile: bool = True, executor: str | None = None,
              cuda_graphs: bool = False, calibrate: bool = False, allocator_margin: int | float | None = None,
              max_calibrations: int = 3, problem_builder: Callable[[CapturedStep], RematProblem] | None = None,
-             max_shapes: int | None = DEFAULT_MAX_SHAPES, cache_dir=None,
+             max_shapes: int | None = DEFAULT_MAX_SHAPES, cache_dir=None, ddp_bucket_cap_mb: float | None = None,
              **solver_options):
     """Make ``model`` train within a memory budget.
 
@@ -155,6 +155,17 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         the profile instead of profiling, and the plan instead of solving.
         ``None`` (default): the environment variable ``LIBRA_OPT_CACHE_DIR``
         if set, else off; ``False``: off.
+    ddp_bucket_cap_mb : float, optional
+        For a module you then wrap in ``DistributedDataParallel(om,
+        bucket_cap_mb=...)``: split the step into pieces at DDP's gradient
+        buckets of this many MiB (pass DDP's ``bucket_cap_mb``, default 25),
+        as ``torch.compile``'s DDPOptimizer does, one plan per piece under the
+        one budget, so each bucket's all-reduce starts while the backward of
+        the earlier pieces runs (:mod:`libra_opt.runtime.split`).  The result
+        is a :class:`~libra_opt.runtime.split.SplitOptimizedModule`: ``.plan``
+        is a :class:`~libra_opt.runtime.split.SplitPlan`, ``.plans`` the
+        per-piece plans.  Not with ``calibrate`` nor a ``cache_dir``, and only
+        for the example's shapes (another shape raises ``ShapeMismatchError``).
     **solver_options
         Passed to the solver (its ``Options`` dataclass).
 
@@ -181,6 +192,11 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         measured step fits (the message lists each iteration and the smallest
         budget that would work).
     SolverNotFoundError, SolverUnavailableError
+    LibraOptError
+        ``model`` is a ``DistributedDataParallel`` (wrap the optimized module
+        instead) or sharded with FSDP2's ``fully_shard`` (optimize its units
+        before sharding: :func:`libra_opt.runtime.split.optimize_units`); a bad
+        ``ddp_bucket_cap_mb``, or ``ddp_bucket_cap_mb`` with ``calibrate``.
     ExecutorError
         Unknown ``executor`` (raised before anything is captured), or
         ``cuda_graphs=True`` without CUDA, without the Inductor executor, or
@@ -219,7 +235,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     or set ``LIBRA_OPT_EXPANDABLE_SEGMENTS=0``
     (:func:`~libra_opt.runtime.memory.configure_allocator`).
     """
-    from .errors import InfeasibleBudgetError
+    from .errors import InfeasibleBudgetError, LibraOptError
     from .runtime.inductor import check_cuda_graphs, resolve_executor
     from .runtime.module import OptimizedModule
     from .simulator import no_remat_peak
@@ -233,6 +249,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         from .errors import LibraOptError
 
         raise LibraOptError(f"max_shapes is the number of plans kept (an int >= 1) or None, got {max_shapes!r}")
+    _check_not_wrapped(model)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     executor = resolve_executor(executor, device)
     check_cuda_graphs(cuda_graphs, executor, device, swaps=0)
@@ -247,6 +264,24 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     solve = store.solve if store is not None else solve    # a bound method: the module still pickles
     # ---- end
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    if ddp_bucket_cap_mb is not None:
+        from .runtime.split import bucket_bytes, optimize_split
+
+        bucket_bytes(ddp_bucket_cap_mb)
+        if calibrate:
+            raise LibraOptError("calibrate=True is not available with ddp_bucket_cap_mb (one plan per DDP piece); "
+                                "leave one of them out")
+        if store is not None:
+            logger.warning("optimize(ddp_bucket_cap_mb=%g): the pieces' profiles and plans are not saved in the "
+                           "cache directory %s (one plan per DDP piece); they are made again", ddp_bucket_cap_mb,
+                           store.root)
+        return optimize_split(model, args, example_kwargs, budget, solver, bucket_cap_mb=ddp_bucket_cap_mb,
+                              autocast_dtype=autocast_dtype, loss_fn=loss_fn,
+                              problem_builder=problem_builder or (lambda s: problem_of(s, optimizer=optimizer,
+                                                                                       profile=profile)),
+                              executor=executor, cuda_graphs=cuda_graphs,
+                              margin_of=lambda b, dev: _margin_bytes(allocator_margin, b, dev),
+                              solver_options=solver_options)
     t0 = time.perf_counter()
     # an enclosing autocast is applied by the captured graph itself (forward and loss only, capture.step_function)
     ambient = torch.autocast(device.type, enabled=False) if follow_autocast and autocast_dtype else nullcontext()
@@ -322,6 +357,27 @@ def _problem(step: CapturedStep, store, problem_builder, *, optimizer: str, prof
         problem = problem_of(step, optimizer=optimizer, profile=profile)
         store.save_problem(key, problem)
     return problem
+
+
+def _check_not_wrapped(model: nn.Module) -> None:
+    """Raise :class:`~libra_opt.errors.LibraOptError` for a model wrapped in
+    ``DistributedDataParallel`` (wrap the optimized module instead: the plan
+    is made for the model, DDP wraps what trains) or sharded by FSDP2's
+    ``fully_shard`` (see :func:`libra_opt.runtime.split.check_not_sharded`)."""
+    from .errors import LibraOptError
+    from .runtime.split import check_not_sharded
+
+    if torch.distributed.is_available():
+        from torch.nn.parallel import DistributedDataParallel
+
+        if isinstance(model, DistributedDataParallel):
+            cap = model.bucket_bytes_cap / 2 ** 20
+            raise LibraOptError(
+                f"optimize() got a DistributedDataParallel module: wrap the other way, "
+                f"DistributedDataParallel(libra_opt.optimize(model, ..., ddp_bucket_cap_mb={cap:g}), "
+                f"bucket_cap_mb={cap:g}) with the unwrapped model (ddp.module), so that DDP all-reduces the "
+                f"gradients of the planned step")
+    check_not_sharded(model)
 
 
 def _check_margin(margin) -> None:

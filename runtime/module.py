@@ -156,8 +156,22 @@ class OptimizedModule(nn.Module):
                  executor: str | None = "eager", cuda_graphs: bool = False, example_key: tuple | None = None,
                  planner=None, follow_autocast: bool | None = None):
         super().__init__()
-        self.model = model
         self.problem = problem
+        sched = plan.schedule
+        if sched is None:
+            raise RuntimeExecutionError(f"the plan has no schedule (status {plan.status!r}): {plan.message}")
+        self._settings(model, plan, example_shapes, autocast_dtype, loss_fn, device, executor, cuda_graphs,
+                       swaps=len(sched.swapped_tensors()))
+        self.example_key = example_key
+        self.planner = planner
+        self.follow_autocast = autocast_dtype is None if follow_autocast is None else bool(follow_autocast)
+        self._build_runtime()
+
+    def _settings(self, model, plan, example_shapes, autocast_dtype, loss_fn, device, executor, cuda_graphs, *,
+                  swaps: int) -> None:
+        """Set the model, plan and settings (``swaps``: tensors the plan swaps,
+        for the CUDA-graph check); raises :class:`ExecutorError` as ``__init__``."""
+        self.model = model
         self.plan = plan
         self.autocast_dtype = autocast_dtype
         self.loss_fn = loss_fn
@@ -165,17 +179,10 @@ class OptimizedModule(nn.Module):
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self.device = torch.device(device)
         self.example_shapes = [tuple(s) for s in example_shapes]
-        sched = plan.schedule
-        if sched is None:
-            raise RuntimeExecutionError(f"the plan has no schedule (status {plan.status!r}): {plan.message}")
         self.executor = resolve_executor(executor, self.device)
         self.cuda_graphs = bool(cuda_graphs)
-        check_cuda_graphs(self.cuda_graphs, self.executor, self.device, len(sched.swapped_tensors()))
+        check_cuda_graphs(self.cuda_graphs, self.executor, self.device, swaps)
         self._eval_warned = False
-        self.example_key = example_key
-        self.planner = planner
-        self.follow_autocast = autocast_dtype is None if follow_autocast is None else bool(follow_autocast)
-        self._build_runtime()
 
     # ------------------------------------------------------------ runtime state, copy and pickle
     #: attributes rebuilt, never copied or pickled: they hold the compiled
@@ -423,7 +430,7 @@ class OptimizedModule(nn.Module):
         compiled = self._compiled_for(args, kwargs)
         self._ran = False
         try:
-            with self._outside_ambient_autocast():
+            with self._ddp_context(), self._outside_ambient_autocast():
                 out = compiled(*args, **kwargs)     # autocast (if any) is inside: forward and loss only
         except torch._dynamo.exc.BackendCompilerFailed as e:
             inner = getattr(e, "inner_exception", None) or e.__cause__
@@ -467,6 +474,13 @@ class OptimizedModule(nn.Module):
                 f"libra_opt.optimize(..., executor='inductor'), or compile the plain model with "
                 f"torch.compile(model, backend=libra_opt.backend(budget=...), dynamic=False)", stacklevel=2)
         return self.forward(*args, **kwargs)
+
+    def _ddp_context(self):
+        """Context of the compiled call: a warning under DDP (see
+        :func:`libra_opt.runtime.split.unsplit_under_ddp`)."""
+        from .split import unsplit_under_ddp
+
+        return unsplit_under_ddp(self)
 
     def _run_without_plan(self, args, kwargs):
         """The model (then ``loss_fn``) run eagerly under the captured

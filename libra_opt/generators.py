@@ -47,7 +47,7 @@ from .errors import ProblemError
 from .problem import RematProblem
 
 __all__ = ["random_layered_graph", "random_layered_graph_dict", "training_graph_dict", "large_beside_small_graph",
-           "early_regeneration_graph"]
+           "early_regeneration_graph", "vgg_segmentation_graph", "unet_graph"]
 
 
 def _check(n, width, width_variation, edge_density, skip_density, max_duration, mean_out_bytes) -> None:
@@ -391,3 +391,74 @@ def early_regeneration_graph(n: int = 20, *, seed: int = 0) -> RematProblem:
          "graph": {"name": name, "order": list(range(n)), "source_node": 0, "target_node": n - 1},
          "nodes": nodes, "links": [{"0": a, "1": b} for a, b in sorted(set(edges))]}
     return _as_problem(d)
+
+
+def _conv_layers(spec, batch: int, size: int, channels: int):
+    """Forward layers ``(cost, nbytes)`` of a CNN from ``spec`` (ints: 3x3
+    convolutions with that many output channels; ``"M"``: 2x2 max-pool;
+    ``"U"``: 2x upsampling), fp32 activations at ``batch`` x ``size`` x
+    ``size`` x ``channels`` input; cost in GFLOP (2 per multiply-add).
+    Returns the layers and each one's channel count."""
+    layers, chans = [(0.0, 4 * batch * channels * size * size)], [channels]
+    h, c = size, channels
+    for x in spec:
+        if x == "M":
+            h //= 2
+            cost = batch * c * h * h * 4 / 1e9
+        elif x == "U":
+            h *= 2
+            cost = batch * c * h * h / 1e9
+        else:
+            cost = 2.0 * batch * h * h * c * int(x) * 9 / 1e9
+            c = int(x)
+        layers.append((round(cost, 4), 4 * batch * c * h * h))
+        chans.append(c)
+    return layers, chans
+
+
+#: SegNet-style VGG16 encoder / mirrored decoder (Badrinarayanan et al., TPAMI 2017)
+VGG_SEGMENTATION = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
+                    "U", 512, 512, 256, "U", 256, 256, 128, "U", 128, 64, "U", 64, 64, 21]
+#: U-Net (Ronneberger et al., MICCAI 2015), four levels; decoder convolutions after each upsampling
+UNET = [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 1024, 1024,
+        "U", 512, 512, "U", 256, 256, "U", 128, 128, "U", 64, 64, 2]
+
+
+def vgg_segmentation_graph(batch: int = 80, size: int = 224) -> RematProblem:
+    """A VGG16-style segmentation CNN's training step (SegNet-like encoder /
+    decoder, no skips) in Checkmate's format, via :func:`training_graph_dict`:
+    fp32 activations (batch 80 at 224x224 gives ~980 MiB first-level
+    convolution outputs), costs in GFLOP.
+
+    Raises
+    ------
+    ProblemError
+        ``batch`` or ``size`` not positive, or ``size`` not a multiple of 16.
+    """
+    if batch < 1 or size < 16 or size % 16:
+        raise ProblemError(f"vgg_segmentation_graph: need batch >= 1 and size a positive multiple of 16, "
+                           f"got batch={batch}, size={size}")
+    fw, _ = _conv_layers(VGG_SEGMENTATION, batch, size, 3)
+    return _as_problem(training_graph_dict(fw, name=f"vgg_segmentation_b{batch}_s{size}"))
+
+
+def unet_graph(batch: int = 8, size: int = 256) -> RematProblem:
+    """A U-Net's training step (Ronneberger et al., MICCAI 2015: four levels,
+    each decoder level reading the encoder output of the same resolution
+    through a skip connection) in Checkmate's format, via
+    :func:`training_graph_dict`: fp32 activations, costs in GFLOP.
+
+    Raises
+    ------
+    ProblemError
+        ``batch`` or ``size`` not positive, or ``size`` not a multiple of 16.
+    """
+    if batch < 1 or size < 16 or size % 16:
+        raise ProblemError(f"unet_graph: need batch >= 1 and size a positive multiple of 16, "
+                           f"got batch={batch}, size={size}")
+    fw, _ = _conv_layers(UNET, batch, size, 1)
+    # skip: the last convolution before each pool feeds the first convolution after the matching upsampling
+    pools = [k + 1 for k, x in enumerate(UNET) if x == "M"]      # layer ids (layer 0 is the input)
+    ups = [k + 1 for k, x in enumerate(UNET) if x == "U"]
+    skips = [(pools[i] - 1, ups[len(ups) - 1 - i] + 1) for i in range(len(pools))]
+    return _as_problem(training_graph_dict(fw, skips=skips, name=f"unet_b{batch}_s{size}"))

@@ -61,7 +61,8 @@ where one of those meets it, ``chen-sqrt``'s and ``chen-greedy``'s, so hybrid
 reaches as low as every single policy and baseline and costs no more than the
 baselines it compares with; in recompute-only mode the portfolio holds
 ``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
-budget.  After the undo pass, *exchange moves*
+budget (on problems of up to 1,000 nodes; on larger ones where no descent
+meets the budget).  After the undo pass, *exchange moves*
 (:mod:`~libra_opt.solvers.libra_exchange`) give back one of the most
 expensive decisions and cover the budget again with cheaper ones (several
 small recomputes instead of one large one), and a recomputation whose chain
@@ -173,8 +174,10 @@ class LibraOptions:
         Score recomputations whose chain regenerates another evicted storage
         with that storage's window ended at the chain (one regeneration for
         both; ``_Refiner._try_merge``).  In recompute-only mode with the
-        portfolio, a second descent with the other setting runs too and the
-        cheaper plan is returned (neither setting is better on every graph).
+        portfolio, a second descent with the other setting runs too (on
+        problems of up to 1,000 nodes: the variant costs seconds on larger
+        ones) and the cheaper plan is returned (neither setting is better on
+        every graph).
     retain_inputs : bool
         During the descent, score a recomputation whose chain would
         regenerate inputs of the producer freed after their last use also
@@ -193,7 +196,9 @@ class LibraOptions:
         recompute-only mode: compare with the recompute-only baselines'
         plans (``checkpoint-all``, ``chen-sqrt``, ``chen-greedy``) at every
         budget the descent's plan adds time at, and return the cheapest, so
-        it is never above them.  The result's ``extras["descent"]`` says
+        it is never above them; on problems of more than
+        ``LibraSolver.POOL_MAX_NODES`` nodes (1,000) only where no descent
+        meets the budget (their plans cost seconds to build there).  The result's ``extras["descent"]`` says
         which descent (or baseline) the plan came from.  ``max_steps`` and
         ``time_limit_s`` bound the descents only.  The baselines' plans are
         built once per problem and reused by later solves of it.
@@ -303,16 +308,18 @@ class LibraSolver(Solver):
     def _refiners(self, problem: RematProblem) -> list[_Refiner]:
         """The descents to run: the chosen policy's, plus, with ``portfolio``,
         in hybrid mode one per single policy, in recompute-only mode one with
-        the other ``merge`` setting and one with the other ``retain_inputs``
-        setting (greedy descents are not monotone in their moves: each of
-        these wins on some graphs)."""
+        the other ``retain_inputs`` setting and, on problems of at most
+        :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
+        (greedy descents are not monotone in their moves: each of these wins
+        on some graphs)."""
         refs = [_Refiner(problem, self.options)]
         if self.options.policy == "hybrid" and self.options.portfolio:
             refs += [_Refiner(problem, dataclasses.replace(self.options, policy=pol)) for pol in ("recompute", "swap")]
         elif self.options.policy == "recompute" and self.options.portfolio:
             o = self.options
-            refs += [_Refiner(problem, dataclasses.replace(o, merge=not o.merge)),
-                     _Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs))]
+            if problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
+                refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
+            refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
         return refs
 
     def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
@@ -374,6 +381,13 @@ class LibraSolver(Solver):
         refs, snaps = refs + more, snaps + more_snaps
         return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
 
+    #: recompute-only mode compares with its baselines at every budget on problems of at most this many
+    #: nodes (building their plans costs seconds on thousands of nodes); on larger ones only where no
+    #: descent meets the budget
+    POOL_MAX_NODES = 1000
+    #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
+    #: share of the cheapest one's
+    EXCHANGE_SPAN = 0.05
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
     #: budgets planned per round
@@ -459,8 +473,10 @@ class LibraSolver(Solver):
         found = self._libra_plan(refs, snaps, budget)
         recompute = self.options.policy == "recompute"
         if pool is not None and budget >= pool.floor:
-            if recompute:
+            if recompute and (found is None or pool.problem.num_nodes <= self.POOL_MAX_NODES):
                 hit = pool.best(RECOMPUTE_BASELINES, budget) if found is None or found.simulation.added_s > 0 else None
+            elif recompute:
+                hit = None
             else:
                 hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget)
             if found is None and hit is not None and not recompute:
@@ -481,8 +497,15 @@ class LibraSolver(Solver):
         cands = []
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
             if snap is not None:
-                prepared = ref.prepare(snap, budget)
+                prepared = ref.prepare(snap, budget, exchange=False)
                 cands.append((prepared[0].added_s(), k, prepared))
+        if self.options.exchange and cands:
+            # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
+            top = min(c[0] for c in cands)
+            for i, (est, k, prepared) in enumerate(cands):
+                if est <= top * (1 + self.EXCHANGE_SPAN):
+                    prepared = refs[k].prepare(snaps[k], budget, exchange=True)
+                    cands[i] = (prepared[0].added_s(), k, prepared)
         best = None
         cands.sort(key=lambda c: c[:2])
         for i, (est, k, prepared) in enumerate(cands):

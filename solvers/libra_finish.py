@@ -30,7 +30,7 @@ from libra_opt.schedule import Op
 from libra_opt.simulator import simulate
 
 from .libra_estimate import KEEP, REC, Timeline
-from .libra_exchange import exchange, undo_pass
+from .libra_exchange import exchange as exchange_moves, undo_pass
 from .libra_explain import REASON_REPAIR
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,18 +82,20 @@ class Finisher:
             self.cost, self.hid_lo, self.hid_hi = now
 
     # ------------------------------------------------------------- finish
-    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True) -> tuple[Timeline, dict, int]:
+    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None
+                ) -> tuple[Timeline, dict, int]:
         """The snapshot's timeline after the undo pass: decisions the budget
         does not need are undone, most expensive first (estimate only); then,
-        with the ``exchange`` option, exchange moves
+        with ``exchange`` (``None``: the ``exchange`` option), exchange moves
         (:mod:`~libra_opt.solvers.libra_exchange`)."""
         tl = snap.timeline.copy()
         records = dict(snap.records)
         undone = 0
         if self.opts.undo and undo:
             undone = undo_pass(tl, records, budget)
-            if self.opts.exchange:
-                tl, records, _ = exchange(self, tl, records, budget)
+            if self.opts.exchange if exchange is None else exchange:
+                with self._caches_of(snap):   # as at the snapshot: solve_many equals solve
+                    tl, records, _ = exchange_moves(self, tl, records, budget)
             self._keep_regenerated(tl, records, budget)
         if self.opts.retain and self.allow_rec:
             self._retain_inputs(tl, budget)

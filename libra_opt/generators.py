@@ -393,12 +393,17 @@ def early_regeneration_graph(n: int = 20, *, seed: int = 0) -> RematProblem:
     return _as_problem(d)
 
 
-def _conv_layers(spec, batch: int, size: int, channels: int):
+def _conv_layers(spec, batch: int, size: int, channels: int, who: str):
     """Forward layers ``(cost, nbytes)`` of a CNN from ``spec`` (ints: 3x3
     convolutions with that many output channels; ``"M"``: 2x2 max-pool;
     ``"U"``: 2x upsampling), fp32 activations at ``batch`` x ``size`` x
     ``size`` x ``channels`` input; cost in GFLOP (2 per multiply-add).
-    Returns the layers and each one's channel count."""
+    Returns the layers and each one's channel count; raises
+    :class:`ProblemError` (naming ``who``) unless ``batch >= 1`` and ``size``
+    is a positive multiple of 16."""
+    if batch < 1 or size < 16 or size % 16:
+        raise ProblemError(f"{who}: need batch >= 1 and size a positive multiple of 16, "
+                           f"got batch={batch}, size={size}")
     layers, chans = [(0.0, 4 * batch * channels * size * size)], [channels]
     h, c = size, channels
     for x in spec:
@@ -435,10 +440,7 @@ def vgg_segmentation_graph(batch: int = 80, size: int = 224) -> RematProblem:
     ProblemError
         ``batch`` or ``size`` not positive, or ``size`` not a multiple of 16.
     """
-    if batch < 1 or size < 16 or size % 16:
-        raise ProblemError(f"vgg_segmentation_graph: need batch >= 1 and size a positive multiple of 16, "
-                           f"got batch={batch}, size={size}")
-    fw, _ = _conv_layers(VGG_SEGMENTATION, batch, size, 3)
+    fw, _ = _conv_layers(VGG_SEGMENTATION, batch, size, 3, "vgg_segmentation_graph")
     return _as_problem(training_graph_dict(fw, name=f"vgg_segmentation_b{batch}_s{size}"))
 
 
@@ -453,10 +455,7 @@ def unet_graph(batch: int = 8, size: int = 256) -> RematProblem:
     ProblemError
         ``batch`` or ``size`` not positive, or ``size`` not a multiple of 16.
     """
-    if batch < 1 or size < 16 or size % 16:
-        raise ProblemError(f"unet_graph: need batch >= 1 and size a positive multiple of 16, "
-                           f"got batch={batch}, size={size}")
-    fw, _ = _conv_layers(UNET, batch, size, 1)
+    fw, _ = _conv_layers(UNET, batch, size, 1, "unet_graph")
     # skip: the last convolution before each pool feeds the first convolution after the matching upsampling
     pools = [k + 1 for k, x in enumerate(UNET) if x == "M"]      # layer ids (layer 0 is the input)
     ups = [k + 1 for k, x in enumerate(UNET) if x == "U"]

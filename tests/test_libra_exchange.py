@@ -118,3 +118,17 @@ def test_generators_are_seeded():
     assert [t.nbytes for t in a.tensors] == [t.nbytes for t in b.tensors]
     with pytest.raises(ProblemError):
         G.early_regeneration_graph(9)
+
+
+def test_cnn_generators():
+    """The segmentation CNNs: a VGG16-style one with ~980 MiB first convolution outputs and no
+    skips, a U-Net whose four decoder levels each read an encoder output; libra plans both."""
+    vgg, unet = G.vgg_segmentation_graph(), G.unet_graph()
+    assert max(t.nbytes for t in vgg.tensors) == 980 * 2**20
+    fwd = lambda p: [n for n in p.nodes if n.phase == "forward"]  # noqa: E731
+    assert all(len(n.inputs) <= 1 for n in fwd(vgg))
+    assert sum(len(n.inputs) == 2 for n in fwd(unet)) == 4
+    for p in (vgg, unet):
+        assert_fits(p, solve(p, 0.7, "libra", policy="recompute"))
+    with pytest.raises(ProblemError):
+        G.unet_graph(size=20)

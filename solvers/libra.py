@@ -501,11 +501,13 @@ class LibraSolver(Solver):
                 cands.append((prepared[0].added_s(), k, prepared))
         if self.options.exchange and cands:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
+            # (the plans without them stay candidates: the estimate can drift from the simulation)
             top = min(c[0] for c in cands)
-            for i, (est, k, prepared) in enumerate(cands):
+            for est, k, _ in list(cands):
                 if est <= top * (1 + self.EXCHANGE_SPAN):
                     prepared = refs[k].prepare(snaps[k], budget, exchange=True)
-                    cands[i] = (prepared[0].added_s(), k, prepared)
+                    if prepared[0].added_s() < est:
+                        cands.append((prepared[0].added_s(), k, prepared))
         best = None
         cands.sort(key=lambda c: c[:2])
         for i, (est, k, prepared) in enumerate(cands):

@@ -305,19 +305,20 @@ class LibraSolver(Solver):
                 "learning, NTHU 2024 (greedy refinement, hybrid recompute/swap)")
     Options = LibraOptions
 
-    def _refiners(self, problem: RematProblem) -> list[_Refiner]:
+    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[_Refiner]:
         """The descents to run: the chosen policy's, plus, with ``portfolio``,
         in hybrid mode one per single policy, in recompute-only mode one with
         the other ``retain_inputs`` setting and, on problems of at most
         :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
         (greedy descents are not monotone in their moves: each of these wins
-        on some graphs)."""
+        on some graphs); ``merge=False`` leaves that one out (the tightening:
+        a budget a subset of the descents meets, a solve meets too)."""
         refs = [_Refiner(problem, self.options)]
         if self.options.policy == "hybrid" and self.options.portfolio:
             refs += [_Refiner(problem, dataclasses.replace(self.options, policy=pol)) for pol in ("recompute", "swap")]
         elif self.options.policy == "recompute" and self.options.portfolio:
             o = self.options
-            if problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
+            if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
                 refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
             refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
         return refs
@@ -400,13 +401,13 @@ class LibraSolver(Solver):
         """The smallest of ``budgets`` a solve meets, from one set of descents
         recording all of them (as :meth:`solve_many`; equal to single solves),
         or ``None``."""
-        refs = self._refiners(problem)
+        refs = self._refiners(problem, merge=False)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
         refs, snaps = refs + more, snaps + more_snaps
         for b in sorted(budgets):
             try:
-                self._plan(refs, [s.get(b) for s in snaps], b, pool)
+                self._plan(refs, [s.get(b) for s in snaps], b, pool, exchange=False)   # feasibility only
                 return b
             except InfeasibleBudgetError:
                 continue
@@ -461,7 +462,7 @@ class LibraSolver(Solver):
         return None
 
     def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
-              pool: _BaselinePool | None = None) -> RawSolution:
+              pool: _BaselinePool | None = None, exchange: bool = True) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
         the end of a descent (with, then without the undo pass).  With a
@@ -469,8 +470,10 @@ class LibraSolver(Solver):
         cheaper: ``swap-all``'s at every budget; where no descent meets the
         budget, ``swap-all``'s or ``checkpoint-all``'s (the least memory of
         each policy) and, where one of them meets it, the cheapest of every
-        baseline's that does."""
-        found = self._libra_plan(refs, snaps, budget)
+        baseline's that does (recompute-only mode: see ``LibraOptions.portfolio``).
+        ``exchange=False`` leaves exchange moves out (the tightening, which
+        only asks whether a budget is met)."""
+        found = self._libra_plan(refs, snaps, budget, exchange)
         recompute = self.options.policy == "recompute"
         if pool is not None and budget >= pool.floor:
             if recompute and (found is None or pool.problem.num_nodes <= self.POOL_MAX_NODES):
@@ -492,14 +495,15 @@ class LibraSolver(Solver):
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))
 
-    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution | None:
+    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int, exchange: bool = True
+                    ) -> RawSolution | None:
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
         cands = []
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
             if snap is not None:
                 prepared = ref.prepare(snap, budget, exchange=False)
                 cands.append((prepared[0].added_s(), k, prepared))
-        if self.options.exchange and cands:
+        if self.options.exchange and exchange and cands:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
             # (the plans without them stay candidates: the estimate can drift from the simulation)
             top = min(c[0] for c in cands)

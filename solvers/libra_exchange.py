@@ -51,6 +51,10 @@ EVALS_PER_STEP = 12
 #: exchanges are tried on problems of at most this many nodes (their local
 #: descents evaluate candidates exactly, which large problems cannot afford per budget)
 MAX_NODES = 1000
+#: candidate evaluations exchanges may make per prepared plan: this many times the descent's own
+EVAL_RATIO = 2
+#: ... and at least this many
+MIN_EVALS = 48
 #: relative saving an exchange must bring to be kept
 MIN_GAIN = 1e-9
 
@@ -101,7 +105,7 @@ def _undo(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> None:
 
 
 def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, banned: set,
-                   finish_first: bool = False) -> tuple[Timeline, dict] | None:
+                   finish_first: bool = False, max_evals: int | None = None) -> tuple[Timeline, dict] | None:
     """Greedy steps from ``tl`` (changed in place) until its estimated peak is
     within ``budget``: at the peak, the candidate (not in ``banned``) with the
     best bytes removed per added second whose raised points stay under the
@@ -109,9 +113,12 @@ def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, ba
     to the budget (the budget is a knapsack-cover constraint: the best ratio
     can overshoot it), the :data:`MAX_FINISHERS` cheapest of them are each
     taken on a copy followed by the undo pass, and the cheapest result kept.
-    The final timeline and records, or ``None`` if no move is left or
-    :data:`MAX_STEPS` are spent."""
+    The final timeline and records, or ``None`` if no move is left,
+    :data:`MAX_STEPS` are spent, or the refiner's evaluation count reaches
+    ``max_evals``."""
     for _ in range(MAX_STEPS):
+        if max_evals is not None and ref.evals >= max_evals:
+            return None
         m = tl.memory()
         p = int(np.argmax(m))
         peak = int(m[p])
@@ -141,9 +148,13 @@ def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, ba
     return (tl, records) if int(tl.memory().max()) <= budget else None
 
 
-def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict, int]:
+def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_evals: int = 0
+             ) -> tuple[Timeline, dict, int]:
     """Exchange moves (module docstring) from the prepared timeline ``tl`` and
-    its decision ``records`` for ``budget`` bytes; neither is changed.
+    its decision ``records`` for ``budget`` bytes; neither is changed.  At
+    most ``max(MIN_EVALS, EVAL_RATIO * descent_evals)`` candidate evaluations
+    (``descent_evals``: those the descent made to get there), so exchanges
+    cost a bounded multiple of the descent.
 
     Returns
     -------
@@ -155,6 +166,7 @@ def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> tuple
         return tl, records, 0
     banned: set[int] = set()
     kept = 0
+    stop = ref.evals + max(MIN_EVALS, EVAL_RATIO * int(descent_evals))
     for _ in range(MAX_ROUNDS):
         cost = tl.added_s()
         found = None
@@ -168,7 +180,7 @@ def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> tuple
                     break
                 t2.apply(j, KEEP, eff)
                 del r2[j]
-                done = _descend_local(ref, t2, r2, budget, banned | {j}, finish_first)
+                done = _descend_local(ref, t2, r2, budget, banned | {j}, finish_first, stop)
                 if done is None:
                     continue
                 t2, r2 = done

@@ -48,6 +48,7 @@ class _Snapshot:
     records: dict
     cut_short: bool = False
     caches: tuple = ()    # the refiner's option-cost caches at this step (read by repairs)
+    evals: int = 0        # candidate evaluations the descent made up to this step (bounds exchange moves)
 
 
 @dataclass
@@ -95,7 +96,7 @@ class Finisher:
             undone = undo_pass(tl, records, budget)
             if self.opts.exchange if exchange is None else exchange:
                 with self._caches_of(snap):   # as at the snapshot: solve_many equals solve
-                    tl, records, _ = exchange_moves(self, tl, records, budget)
+                    tl, records, _ = exchange_moves(self, tl, records, budget, snap.evals)
             self._keep_regenerated(tl, records, budget)
         if self.opts.retain and self.allow_rec:
             self._retain_inputs(tl, budget)

@@ -29,6 +29,8 @@ from .libra_explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPU
 from .libra_finish import Finisher, _Snapshot
 
 
+#: most other windows a merged-regeneration variant tries per evaluation (``_Refiner._try_merge``)
+MAX_MERGES = 2
 #: most candidates evaluated exactly per refinement step before the best evaluated one is taken
 MAX_EVALS_PER_STEP = 48
 _O_REC, _O_HID, _O_LATE = 0, 1, 2   # option columns: recompute, swap hidden behind compute, delayed swap
@@ -87,6 +89,7 @@ class _Refiner(Finisher):
         self.cache: dict[int, _Move] = {}
         self.records: dict[int, Decision] = {}
         self.step = 0
+        self.evals = 0   # candidate evaluations (_evaluate calls) so far, the descent's and exchanges'
         self.used_early = False   # an early regeneration was taken (see LibraSolver's fallback)
         self.done = False
         self.cut_short = False
@@ -147,7 +150,7 @@ class _Refiner(Finisher):
 
     def _snapshot(self, peak: int) -> _Snapshot:
         return _Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
-                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()))
+                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()), self.evals)
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:
         """Window ids a move may change at peak position ``p``: kept windows
@@ -231,6 +234,7 @@ class _Refiner(Finisher):
         where it hides behind compute; swap with the swap-in delayed to right
         after ``p`` (it then covers ``p``, at the price of a stall).  An
         evicted window may switch policy or delay its swap-in."""
+        self.evals += 1
         s = int(tl.w_s[j])
         if s in tl.s_retained:   # a storage is either evicted or retained
             return None
@@ -353,14 +357,18 @@ class _Refiner(Finisher):
         ``_keep_regenerated`` does), so the two evictions pay for one
         regeneration.  Its cost is the change of the whole plan's added time;
         the positions the kept storage covers again must stay under
-        ``limit``."""
-        for q, ch in e.chains.items():
+        ``limit``.  At most :data:`MAX_MERGES` windows are tried."""
+        tries = 0
+        for q, ch in sorted(e.chains.items()):
             if ch is None:
                 continue
-            for s2 in {int(tl.t_storage[t]) for t in ch.made}:
+            for s2 in sorted({int(tl.t_storage[t]) for t in ch.made}):
                 for k in tl.s_win.get(s2, ()):
                     if k == j or tl.pol[k] != REC or not int(tl.w_a[k]) < q < int(tl.w_b[k]):
                         continue
+                    if tries >= MAX_MERGES:
+                        return
+                    tries += 1
                     made = [t for t in ch.made if tl.t_storage[t] == s2]
                     before, old, b_k = tl.added_s(), tl.window_state(k), int(tl.w_b[k])
                     tl.move_end(k, q, made)

@@ -55,11 +55,19 @@ instead be kept resident past its last use until that chain (*retention*,
 Checkmate's S); in hybrid mode a *portfolio* also runs the recompute-only and
 swap-only descents and returns the cheapest simulated plan, and holds the
 built-in baselines' plans (:class:`~libra_opt.solvers.baselines.BaselinePlan`,
-built once per solve or sweep): ``swap-all``'s at every budget (two
+built once per problem): ``swap-all``'s at every budget (two
 lowerings), and where no descent meets a budget ``checkpoint-all``'s and,
 where one of those meets it, ``chen-sqrt``'s and ``chen-greedy``'s, so hybrid
 reaches as low as every single policy and baseline and costs no more than the
-baselines it compares with.
+baselines it compares with; in recompute-only mode the portfolio holds
+``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
+budget (on problems of up to 1,000 nodes; on larger ones where no descent
+meets the budget).  After the undo pass, *exchange moves*
+(:mod:`~libra_opt.solvers.libra_exchange`) give back one of the most
+expensive decisions and cover the budget again with cheaper ones (several
+small recomputes instead of one large one), and a recomputation whose chain
+regenerates another evicted storage may end that storage's window there
+(both pay for one regeneration: ``_Refiner._try_merge``).
 
 Limits: greedy, so not optimal (compare ``checkmate-milp``); the estimate
 mirrors the lowering and the simulator but can drift where swap-ins collide
@@ -73,6 +81,7 @@ import gc
 import logging
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -155,15 +164,44 @@ class LibraOptions:
         recomputation chain that would otherwise regenerate it
         (:class:`~libra_opt.lowering.Retain`), where the budget allows and
         it saves time.  Matters most on single-phase graphs.
+    exchange : bool
+        After the undo pass, try exchange moves
+        (:mod:`~libra_opt.solvers.libra_exchange`): give back one of the
+        most expensive decisions, forbid it, and cover the budget again with
+        the descent's moves; kept where the estimated added time goes down
+        (several cheaper evictions instead of one costly one).
+    merge : bool
+        Score recomputations whose chain regenerates another evicted storage
+        with that storage's window ended at the chain (one regeneration for
+        both; ``_Refiner._try_merge``).  In recompute-only mode with the
+        portfolio, a second descent with the other setting runs too (on
+        problems of up to 1,000 nodes: the variant costs seconds on larger
+        ones) and the cheaper plan is returned (neither setting is better on
+        every graph).
+    retain_inputs : bool
+        During the descent, score a recomputation whose chain would
+        regenerate inputs of the producer freed after their last use also
+        with those inputs kept resident until the chain (a
+        :class:`~libra_opt.lowering.Retain`), taken where that is cheaper
+        and fits under the peak (the ``retain`` pass does this only after
+        the descent, so the descent would not see the cheaper option).
+        Only with ``retain``: ``retain=False`` plans no retention at all.
     portfolio : bool
         Hybrid mode only: also refine with recomputation only and with
         swapping only, and return the cheapest of the three plans (estimated
         added time), so hybrid is never worse than either policy alone; and
         compare with the built-in baselines' plans (``swap-all`` at every
         budget; ``checkpoint-all``, ``chen-sqrt``, ``chen-greedy`` where no
-        descent meets the budget: see the module docstring).  The result's
-        ``extras["descent"]`` says which descent (or baseline) the plan came
-        from.  ``max_steps`` and ``time_limit_s`` bound the descents only.
+        descent meets the budget: see the module docstring).  In
+        recompute-only mode: compare with the recompute-only baselines'
+        plans (``checkpoint-all``, ``chen-sqrt``, ``chen-greedy``) at every
+        budget the descent's plan adds time at, and return the cheapest, so
+        it is never above them; on problems of more than
+        ``LibraSolver.POOL_MAX_NODES`` nodes (1,000) only where no descent
+        meets the budget (their plans cost seconds to build there).  The result's ``extras["descent"]`` says
+        which descent (or baseline) the plan came from.  ``max_steps`` and
+        ``time_limit_s`` bound the descents only.  The baselines' plans are
+        built once per problem and reused by later solves of it.
     """
 
     policy: str = "hybrid"
@@ -175,6 +213,9 @@ class LibraOptions:
     max_repair_steps: int = 32
     early: bool = True
     retain: bool = True
+    exchange: bool = True
+    merge: bool = False
+    retain_inputs: bool = True
     portfolio: bool = True
 
     def __post_init__(self):
@@ -198,17 +239,22 @@ PORTFOLIO_BASELINES = ("swap-all", "checkpoint-all", "chen-sqrt", "chen-greedy")
 ALWAYS_COMPARED = ("swap-all",)
 #: built where no descent meets a budget: the least memory of each policy
 REACH_BASELINES = ("swap-all", "checkpoint-all")
+#: recompute-only mode's portfolio, compared at every budget (each a recompute-only plan)
+RECOMPUTE_BASELINES = ("checkpoint-all", "chen-sqrt", "chen-greedy")
+
+# the baselines' plans per problem (budget-independent): built once, shared by later solves
+_POOL_PLANS: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
 
 
 class _BaselinePool:
     """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.plans`
     and its siblings: each a fixed set of budget-independent plans), built
-    lazily, once per solve or sweep, and shared by its budgets."""
+    lazily, once per problem, and shared by its budgets and later solves."""
 
     def __init__(self, problem: RematProblem):
         self.problem = problem
         self.floor = memory_lower_bound(problem)   # below it nothing fits: no baseline is built
-        self._plans: dict[str, list[BaselinePlan]] = {}
+        self._plans: dict[str, list[BaselinePlan]] = _POOL_PLANS.setdefault(problem, {})
 
     def plans(self, name: str) -> list[BaselinePlan]:
         """Every plan of baseline ``name``; none (logged) where building them fails."""
@@ -259,12 +305,22 @@ class LibraSolver(Solver):
                 "learning, NTHU 2024 (greedy refinement, hybrid recompute/swap)")
     Options = LibraOptions
 
-    def _refiners(self, problem: RematProblem) -> list[_Refiner]:
-        """The descents to run: the chosen policy's, plus, in hybrid mode with
-        ``portfolio``, one per single policy."""
+    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[_Refiner]:
+        """The descents to run: the chosen policy's, plus, with ``portfolio``,
+        in hybrid mode one per single policy, in recompute-only mode one with
+        the other ``retain_inputs`` setting and, on problems of at most
+        :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
+        (greedy descents are not monotone in their moves: each of these wins
+        on some graphs); ``merge=False`` leaves that one out (the tightening:
+        a budget a subset of the descents meets, a solve meets too)."""
         refs = [_Refiner(problem, self.options)]
         if self.options.policy == "hybrid" and self.options.portfolio:
             refs += [_Refiner(problem, dataclasses.replace(self.options, policy=pol)) for pol in ("recompute", "swap")]
+        elif self.options.policy == "recompute" and self.options.portfolio:
+            o = self.options
+            if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
+                refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
+            refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
         return refs
 
     def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
@@ -275,8 +331,7 @@ class LibraSolver(Solver):
         missing = [b for b in budgets if all(s.get(b) is None for s in snaps)]
         if not missing or not any(ref.used_early for ref in refs):
             return [], []
-        opts = dataclasses.replace(self.options, early=False)
-        more = [_Refiner(problem, dataclasses.replace(opts, policy=ref.opts.policy)) for ref in refs]
+        more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
         for ref in more:
             ref.asked = set(missing)
         return more, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs))
@@ -327,6 +382,13 @@ class LibraSolver(Solver):
         refs, snaps = refs + more, snaps + more_snaps
         return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
 
+    #: recompute-only mode compares with its baselines at every budget on problems of at most this many
+    #: nodes (building their plans costs seconds on thousands of nodes); on larger ones only where no
+    #: descent meets the budget
+    POOL_MAX_NODES = 1000
+    #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
+    #: share of the cheapest one's
+    EXCHANGE_SPAN = 0.05
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
     #: budgets planned per round
@@ -339,13 +401,13 @@ class LibraSolver(Solver):
         """The smallest of ``budgets`` a solve meets, from one set of descents
         recording all of them (as :meth:`solve_many`; equal to single solves),
         or ``None``."""
-        refs = self._refiners(problem)
+        refs = self._refiners(problem, merge=False)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
         refs, snaps = refs + more, snaps + more_snaps
         for b in sorted(budgets):
             try:
-                self._plan(refs, [s.get(b) for s in snaps], b, pool)
+                self._plan(refs, [s.get(b) for s in snaps], b, pool, exchange=False)   # feasibility only
                 return b
             except InfeasibleBudgetError:
                 continue
@@ -392,13 +454,15 @@ class LibraSolver(Solver):
                                      f"is {lo} bytes)")
 
     def _pool(self, problem: RematProblem) -> _BaselinePool | None:
-        """The baselines' plans hybrid's portfolio compares with (``None`` outside it)."""
-        if self.options.policy == "hybrid" and self.options.portfolio:
+        """The baselines' plans the portfolio compares with: hybrid's, or in
+        recompute-only mode :data:`RECOMPUTE_BASELINES` (``None`` without the
+        portfolio, or in swap-only mode)."""
+        if self.options.policy != "swap" and self.options.portfolio:
             return _BaselinePool(problem)
         return None
 
     def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
-              pool: _BaselinePool | None = None) -> RawSolution:
+              pool: _BaselinePool | None = None, exchange: bool = True) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
         the end of a descent (with, then without the undo pass).  With a
@@ -406,11 +470,19 @@ class LibraSolver(Solver):
         cheaper: ``swap-all``'s at every budget; where no descent meets the
         budget, ``swap-all``'s or ``checkpoint-all``'s (the least memory of
         each policy) and, where one of them meets it, the cheapest of every
-        baseline's that does."""
-        found = self._libra_plan(refs, snaps, budget)
+        baseline's that does (recompute-only mode: see ``LibraOptions.portfolio``).
+        ``exchange=False`` leaves exchange moves out (the tightening, which
+        only asks whether a budget is met)."""
+        found = self._libra_plan(refs, snaps, budget, exchange)
+        recompute = self.options.policy == "recompute"
         if pool is not None and budget >= pool.floor:
-            hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget)
-            if found is None and hit is not None:
+            if recompute and (found is None or pool.problem.num_nodes <= self.POOL_MAX_NODES):
+                hit = pool.best(RECOMPUTE_BASELINES, budget) if found is None or found.simulation.added_s > 0 else None
+            elif recompute:
+                hit = None
+            else:
+                hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget)
+            if found is None and hit is not None and not recompute:
                 hit = pool.best(PORTFOLIO_BASELINES, budget)   # one meets it: the checkpointing ones may be cheaper
             if hit is not None and (found is None or hit[1].simulation.added_s < found.simulation.added_s):
                 return self._baseline_raw(*hit)
@@ -418,18 +490,28 @@ class LibraSolver(Solver):
             return found
         least = min(ref.min_feasible_bytes() for ref in refs)
         if pool is not None:
-            least = min(least, pool.min_peak(REACH_BASELINES) or least)
+            least = min(least, pool.min_peak(RECOMPUTE_BASELINES if recompute else REACH_BASELINES) or least)
         raise InfeasibleBudgetError(budget, least, self.name,
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))
 
-    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int) -> RawSolution | None:
+    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int, exchange: bool = True
+                    ) -> RawSolution | None:
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
         cands = []
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
             if snap is not None:
-                prepared = ref.prepare(snap, budget)
+                prepared = ref.prepare(snap, budget, exchange=False)
                 cands.append((prepared[0].added_s(), k, prepared))
+        if self.options.exchange and exchange and cands:
+            # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
+            # (the plans without them stay candidates: the estimate can drift from the simulation)
+            top = min(c[0] for c in cands)
+            for est, k, _ in list(cands):
+                if est <= top * (1 + self.EXCHANGE_SPAN):
+                    prepared = refs[k].prepare(snaps[k], budget, exchange=True)
+                    if prepared[0].added_s() < est:
+                        cands.append((prepared[0].added_s(), k, prepared))
         best = None
         cands.sort(key=lambda c: c[:2])
         for i, (est, k, prepared) in enumerate(cands):

@@ -25,6 +25,7 @@ REASON_NOT_RECOMPUTABLE = "not-recomputable"  #: the producer is a random or mut
 REASON_REPAIR = "repair"                #: added against the simulated timeline after estimate drift
 REASON_SWAP_NO_GAIN = "swap-no-gain"    #: the swap would not lower the peak (its transfer window misses it)
 REASON_SWITCH = "switch"                #: an earlier decision changes policy to cover a new peak
+REASON_EXCHANGE = "exchange"            #: taken instead of a costlier decision given back (exchange move)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,9 @@ def explain(problem: RematProblem, *, step: int, storage: int, after: int, befor
     elif reason == REASON_SWITCH:
         why = (f"switched to {policy}: the earlier decision no longer covers the peak "
                f"(recompute {_t(recompute_s)}, swap {_t(swap_s)})")
+    elif reason == REASON_EXCHANGE:
+        why = ("taken in an exchange: a costlier decision was given back and the budget covered again "
+               "by cheaper evictions")
     elif reason == REASON_REPAIR:
         why = "added against the simulated timeline (the estimate was under the budget, the simulation was not)"
     elif policy == "swap":

@@ -30,6 +30,7 @@ from libra_opt.schedule import Op
 from libra_opt.simulator import simulate
 
 from .libra_estimate import KEEP, REC, Timeline
+from .libra_exchange import exchange as exchange_moves, undo_pass
 from .libra_explain import REASON_REPAIR
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +48,7 @@ class _Snapshot:
     records: dict
     cut_short: bool = False
     caches: tuple = ()    # the refiner's option-cost caches at this step (read by repairs)
+    evals: int = 0        # candidate evaluations the descent made up to this step (bounds exchange moves)
 
 
 @dataclass
@@ -81,28 +83,20 @@ class Finisher:
             self.cost, self.hid_lo, self.hid_hi = now
 
     # ------------------------------------------------------------- finish
-    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True) -> tuple[Timeline, dict, int]:
+    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None
+                ) -> tuple[Timeline, dict, int]:
         """The snapshot's timeline after the undo pass: decisions the budget
-        does not need are undone, most expensive first (estimate only)."""
+        does not need are undone, most expensive first (estimate only); then,
+        with ``exchange`` (``None``: the ``exchange`` option), exchange moves
+        (:mod:`~libra_opt.solvers.libra_exchange`)."""
         tl = snap.timeline.copy()
         records = dict(snap.records)
         undone = 0
         if self.opts.undo and undo:
-            mem = tl.memory()
-            for j in sorted(records, key=lambda k: (-records[k].added_s, -records[k].step)):
-                # quick test first: the storage back over its whole off range must fit
-                if tl.pol[j] == REC:
-                    lo, hi = int(tl.w_a[j]) + 1, int(tl.w_b[j]) - 1
-                else:
-                    lo, hi = int(tl.sw_r0[j]), int(tl.sw_pos[j])
-                if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.w_bytes[j]) > budget:
-                    continue
-                eff = tl.evaluate(j, KEEP)
-                if eff.feasible and eff.raised_max <= budget:
-                    tl.apply(j, KEEP, eff)
-                    del records[j]
-                    undone += 1
-                    mem = tl.memory()
+            undone = undo_pass(tl, records, budget)
+            if self.opts.exchange if exchange is None else exchange:
+                with self._caches_of(snap):   # as at the snapshot: solve_many equals solve
+                    tl, records, _ = exchange_moves(self, tl, records, budget, snap.evals)
             self._keep_regenerated(tl, records, budget)
         if self.opts.retain and self.allow_rec:
             self._retain_inputs(tl, budget)
@@ -123,7 +117,7 @@ class Finisher:
             if ch is None:
                 continue
             for t in ch.made:
-                if tl.t_act[t] and not tl.t_out[t] and tl.t_last_eff[t] < q and not tl.s_win.get(tl.t_storage[t]):
+                if tl.t_last_eff[t] < q and tl.retainable(t):
                     cands.append((-tl.n_time[tl.t_prod[t]], q, t))
         if not cands:
             return 0

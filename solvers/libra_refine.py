@@ -12,6 +12,7 @@ for keeping a segment's recomputed activations until their backward use.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from .libra_explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPU
 from .libra_finish import Finisher, _Snapshot
 
 
+#: most other windows a merged-regeneration variant tries per evaluation (``_Refiner._try_merge``)
+MAX_MERGES = 2
 #: most candidates evaluated exactly per refinement step before the best evaluated one is taken
 MAX_EVALS_PER_STEP = 48
 _O_REC, _O_HID, _O_LATE = 0, 1, 2   # option columns: recompute, swap hidden behind compute, delayed swap
@@ -47,6 +50,8 @@ class _Move:
     raised_pos: int | None = None
     raised_bytes: int | None = None
     shrink: tuple | None = None    # (position, tensors[, "early"]): the window ends where a chain regenerates it
+    also: tuple | None = None      # ("merge", window, position, tensors): another evicted window ends at this
+    #                                move's chain; ("retain", ((tensor, position), ...)): chain inputs kept resident
 
 
 class _Refiner(Finisher):
@@ -84,6 +89,7 @@ class _Refiner(Finisher):
         self.cache: dict[int, _Move] = {}
         self.records: dict[int, Decision] = {}
         self.step = 0
+        self.evals = 0   # candidate evaluations (_evaluate calls) so far, the descent's and exchanges'
         self.used_early = False   # an early regeneration was taken (see LibraSolver's fallback)
         self.done = False
         self.cut_short = False
@@ -144,7 +150,7 @@ class _Refiner(Finisher):
 
     def _snapshot(self, peak: int) -> _Snapshot:
         return _Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
-                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()))
+                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()), self.evals)
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:
         """Window ids a move may change at peak position ``p``: kept windows
@@ -228,6 +234,7 @@ class _Refiner(Finisher):
         where it hides behind compute; swap with the swap-in delayed to right
         after ``p`` (it then covers ``p``, at the price of a stall).  An
         evicted window may switch policy or delay its swap-in."""
+        self.evals += 1
         s = int(tl.w_s[j])
         if s in tl.s_retained:   # a storage is either evicted or retained
             return None
@@ -275,6 +282,10 @@ class _Refiner(Finisher):
                 ok.append((max(e.cost_s, 0.0), pol != REC, fl, pol, e, m_p - newp, None))
                 if pol == REC and cur == KEEP:
                     self._try_shrink(tl, j, e, p, m_p, limit, ok)
+            if pol == REC and cur == KEEP and e.feasible and self.opts.merge:
+                self._try_merge(tl, j, e, p, m_p, limit, ok)
+            if pol == REC and cur == KEEP and e.feasible and self.opts.retain and self.opts.retain_inputs:
+                self._try_retain(tl, j, e, p, m_p, limit, ok)
             elif limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
                 if pol == REC and cur == KEEP and self.opts.early:
                     self._try_early(tl, j, p, m_p, limit, ok)
@@ -288,7 +299,7 @@ class _Refiner(Finisher):
         feasible = [(pol, fl, e) for pol, fl, e in opts if e.feasible]
         if not ok:
             return None
-        cost, _, fl, pol, eff, removed, shrink = min(ok, key=lambda x: x[:3])
+        cost, _, fl, pol, eff, removed, shrink, *also = min(ok, key=lambda x: x[:3])
         rec = [max(e.cost_s, 0.0) for q, _, e in feasible if q == REC]
         swp = [max(e.cost_s, 0.0) for q, _, e in feasible if q == SWAP]
         rec_s = rec[0] if rec else (float(self.cost[j, _O_REC]) if np.isfinite(self.cost[j, _O_REC]) else None)
@@ -318,7 +329,8 @@ class _Refiner(Finisher):
                 reason = REASON_CHEAPEST
         score = removed / max(cost, self.eps)
         return _Move(j, pol, eff, score, removed, rec_s, swap_s, reason,
-                     raised.raised_at if raised else None, raised.raised_max if raised else None, shrink)
+                     raised.raised_at if raised else None, raised.raised_max if raised else None, shrink,
+                     also[0] if also else None)
 
     def _try_shrink(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
         """Recomputation variant of window ``j`` that ends at the first chain
@@ -336,6 +348,92 @@ class _Refiner(Finisher):
             return
         if newp < m_p and (limit is None or e2.raised_max < limit):
             ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, made)))
+
+    def _try_merge(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
+        """Recomputation variant of kept window ``j`` for when its chain (``e``)
+        regenerates a storage that another window ``k`` recomputes later, at
+        its own use: ``k`` then ends at that chain and the storage is kept from
+        there (segment-wise regeneration, as the finish step's
+        ``_keep_regenerated`` does), so the two evictions pay for one
+        regeneration.  Its cost is the change of the whole plan's added time;
+        the positions the kept storage covers again must stay under
+        ``limit``.  At most :data:`MAX_MERGES` windows are tried."""
+        tries = 0
+        for q, ch in sorted(e.chains.items()):
+            if ch is None:
+                continue
+            for s2 in sorted({int(tl.t_storage[t]) for t in ch.made}):
+                for k in tl.s_win.get(s2, ()):
+                    if k == j or tl.pol[k] != REC or not int(tl.w_a[k]) < q < int(tl.w_b[k]):
+                        continue
+                    if tries >= MAX_MERGES:
+                        return
+                    tries += 1
+                    made = [t for t in ch.made if tl.t_storage[t] == s2]
+                    before, old, b_k = tl.added_s(), tl.window_state(k), int(tl.w_b[k])
+                    tl.move_end(k, q, made)
+                    try:
+                        mem = tl.memory()
+                        hold = int(mem[q:b_k].max()) if b_k > q else 0
+                        e2 = tl.evaluate(j, REC)
+                        if not e2.feasible:
+                            continue
+                        newp = tl.new_value_at(j, REC, e2, p)
+                        cost = tl.added_s() - before + max(e2.cost_s, 0.0)
+                        if cost < max(e.cost_s, 0.0) and newp < m_p and (
+                                limit is None or max(e2.raised_max, hold) < limit):
+                            ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None, ("merge", k, q, made)))
+                    finally:
+                        tl.move_end(k, state=old)
+
+    def _try_retain(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
+        """Recomputation variant of kept window ``j`` for when its chain (``e``)
+        regenerates inputs of the storage's producer that were freed after
+        their last use (not evicted): keep those inputs resident until the
+        chain instead (:class:`~libra_opt.lowering.Retain`, Checkmate's S
+        holding a value across stages), which cuts the chain short.  Taken
+        where it costs less than the plain recomputation and the memory the
+        inputs hold, less the storage's bytes, stays under ``limit``."""
+        s = int(tl.w_s[j])
+        prod = tl.problem.nodes[tl.problem.tensors[s].producer]
+        rets: dict[int, int] = {}
+        for q in sorted(e.chains):
+            ch = e.chains[q]
+            if ch is None:
+                continue
+            for t in prod.inputs:
+                if t in ch.made and t not in rets and t not in tl.t_until and tl.t_last_eff[t] < q and tl.retainable(t):
+                    rets[t] = q
+        if not rets:
+            return
+        before = tl.added_s()
+        a, b, nbytes = int(tl.w_a[j]), int(tl.w_b[j]), int(tl.w_bytes[j])
+        done = []
+        try:
+            for t, q in rets.items():
+                tl.retain(t, q)
+                done.append(t)
+            e2 = tl.evaluate(j, REC)
+            if not e2.feasible:
+                return
+            cost = tl.added_s() - before + max(e2.cost_s, 0.0)
+            newp = tl.new_value_at(j, REC, e2, p)
+            if not (cost < max(e.cost_s, 0.0) and newp < m_p):
+                return
+            lo = min(int(tl.t_last[t]) for t in rets) + 1
+            hi = max(rets.values())
+            pos = np.arange(lo, hi + 1)
+            vals = tl.memory()[lo:hi + 1] - np.where((a < pos) & (pos < b), nbytes, 0)
+            for i, q in enumerate(pos.tolist()):
+                if q in e2.chains:
+                    vals[i] = tl.new_value_at(j, REC, e2, q)
+            hold = int(vals.max()) if len(vals) else 0
+            if limit is None or max(e2.raised_max, hold) < limit:
+                ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None,
+                           ("retain", tuple(rets.items()))))
+        finally:
+            for t in reversed(done):
+                tl.retain(t, None)
 
     def _try_early(self, tl: Timeline, j: int, p: int, m_p: int, limit: int, ok: list) -> None:
         """Recomputation variant of window ``j`` for when recomputing at the use
@@ -385,6 +483,14 @@ class _Refiner(Finisher):
         tl = self.tl if tl is None else tl
         records = self.records if records is None else records
         j = mv.j
+        if mv.also is not None and mv.also[0] == "merge":
+            _, k, q, made = mv.also
+            tl.move_end(k, q, made)
+            if records.get(k) is not None:
+                records[k] = dataclasses.replace(records[k], before=q)
+        elif mv.also is not None:
+            for t, q in mv.also[1]:
+                tl.retain(t, q)
         if mv.shrink is not None:
             tl.set_before(j, mv.shrink[0], mv.shrink[1])
             if len(mv.shrink) > 2 and tl is self.tl:

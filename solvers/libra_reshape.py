@@ -125,22 +125,35 @@ class Reshaper:
             return self.N - 1
         return max(self.t_last_eff[t] for t in ts)
 
+    def retainable(self, t: int) -> bool:
+        """Tensor ``t`` may be kept past its last use (:meth:`retain`): an
+        activation, not a step output, no window of its storage ending after
+        that last use."""
+        return bool(self.t_act[t] and not self.t_out[t]
+                    and all(int(self.w_b[j]) <= self.t_last[t] for j in self.s_win.get(self.t_storage[t], ())))
+
     def retain(self, t: int, until: int | None) -> None:
         """Keep tensor ``t`` resident after its last use through position
         ``until`` (``None``: back to its last use), and update the timeline:
         memory over the extra positions, and the chains there that read or
         regenerate its storage (they now find it resident).
 
+        A storage with eviction windows may be retained after them (all end
+        at or before its last use): regenerated at a window's end, it then
+        stays until ``until`` (the lowering allows an eviction and a
+        retention that do not overlap).
+
         Raises
         ------
         ValueError
-            ``until`` is not after the tensor's last use.
+            ``until`` is not after the tensor's last use, or a window of its
+            storage ends after that last use.
         """
         if until is not None and until <= self.t_last[t]:
             raise ValueError(f"retain: until ({until}) must come after the last use ({self.t_last[t]})")
-        if until is not None and self.s_win.get(self.t_storage[t]):
-            raise ValueError("retain: the tensor's storage has an eviction decision; a storage is either "
-                             "evicted or retained")
+        if until is not None and not self.retainable(t):
+            raise ValueError("retain: not an activation freed after its last use, or an eviction window of its "
+                             "storage ends after that use (a storage is either evicted or retained at a position)")
         if not self.t_until:   # copy-on-write: copies of the timeline share the list until then
             self.t_last_eff = list(self.t_last_eff)
         s = self.t_storage[t]

@@ -470,6 +470,10 @@ class CheckmateModel:
         self.free_vars: list[tuple[int, int, int, int]] = []
         self.dup_vars: list[tuple[int, int, int]] = []
         self.infeasible_reason: str | None = None
+        #: row of ``S[t+1, v] <= S[t, v] + R[t, p(v)]`` per ``(t, v)``, and the first memory row
+        #: (``U[t, k0] = ...``) per stage ``t``: extensions (``hybrid_model``) add terms to them
+        self.persist_rows: dict[tuple[int, int], int] = {}
+        self.stage_rows: dict[int, int] = {}
         need = g.min_stage_bytes()
         if need > budget_bytes:
             self.infeasible_reason = (f"some stage needs at least {need} bytes (a node, the values it reads, its "
@@ -543,6 +547,7 @@ class CheckmateModel:
                 s_next = s_idx[t + 1, v]
                 if s_next < 0 or vnode[v] == t:  # computed in its own stage: R[t, t] = 1
                     continue
+                self.persist_rows[(t, v)] = len(row_lb)
                 add_row([(s_next, 1.0)] + terms_r_s(t, v, -1.0), -inf, 0.0)
         # dependencies: R[t, j] <= R[t, p(v)] + S[t, v]
         for t in range(n):
@@ -592,6 +597,8 @@ class CheckmateModel:
                                 add_row([(d, 1.0), (s_idx[t, v], -1.0)], -inf, 0.0)
                                 add_row([(d, 1.0), (r_idx[t, prev_k], -1.0)], -inf, 0.0)
                                 terms.append((d, m[v]))
+                if prev_u < 0:
+                    self.stage_rows[t] = len(row_lb)
                 add_row(terms, 0.0, 0.0)
                 if k != t and x[k] > 0:
                     add_row([(u, 1.0), (r_idx[t, k], x[k])], -inf, room)

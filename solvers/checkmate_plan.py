@@ -36,7 +36,7 @@ import numpy as np
 
 from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, SolverOptionError
 from libra_opt.problem import INPUT, RematProblem
-from libra_opt.schedule import Compute, Free, Schedule
+from libra_opt.schedule import Compute, Free, Schedule, SwapIn, SwapOut, Wait
 from libra_opt.simulator import simulate
 
 from .checkmate_model import VALUE_GRANULARITIES, CheckmateGraph
@@ -47,7 +47,7 @@ __all__ = ["solve_r_opt", "rs_from_s", "s_mask", "schedule_from_rs", "keep_all_s
            "CheckmateSetup", "no_remat_if_fits", "s_from_schedule"]
 
 
-def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
+def solve_r_opt(graph: CheckmateGraph, S: np.ndarray, arrived: np.ndarray | None = None) -> np.ndarray:
     """The cheapest recomputation matrix for the checkpoints ``S``.
 
     ``R[t, t] = 1``; node ``p(v)`` runs in stage ``t`` where value ``v`` is a
@@ -61,6 +61,10 @@ def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
     ----------
     graph : CheckmateGraph
     S : ndarray of bool, shape (n, nv)
+    arrived : ndarray of bool, shape (n, nv), optional
+        ``arrived[t, v]``: value ``v`` is swapped in during stage ``t``
+        (:mod:`~libra_opt.solvers.hybrid_model`), so it is a checkpoint of
+        stage ``t + 1`` without running its producer.
 
     Returns
     -------
@@ -71,7 +75,10 @@ def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
     R = np.eye(n, dtype=bool)
     vnode = graph.value_node
     if n > 1 and graph.nv:
-        t_idx, v_idx = np.nonzero(S[1:] & ~S[:-1])
+        new = S[1:] & ~S[:-1]
+        if arrived is not None:
+            new &= ~arrived[:-1]
+        t_idx, v_idx = np.nonzero(new)
         R[t_idx, vnode[v_idx]] = True
     deps = graph.deps
     for t in range(n):
@@ -250,7 +257,8 @@ def s_from_schedule(graph: CheckmateGraph, schedule: Schedule, coarse=None) -> n
     return S
 
 
-def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, meta: dict | None = None) -> Schedule:
+def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, meta: dict | None = None,
+                     swap_in: np.ndarray | None = None, swap_out: np.ndarray | None = None) -> Schedule:
     """Turn integral ``(R, S)`` into a schedule on ``graph.problem``.
 
     Parameters
@@ -262,11 +270,21 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
         :func:`rs_from_s`).
     meta : dict, optional
         Stored in the schedule's ``meta``.
+    swap_in : ndarray of bool, shape (n, nv), optional
+        ``swap_in[t, v]``: the storages of value ``v`` are swapped in at the
+        start of stage ``t`` (``SwapIn``, after the stage's first frees) and
+        waited for at its end (``Wait``, after node ``t`` and its frees);
+        ``v`` is then resident for stage ``t + 1`` (hybrid plans,
+        :mod:`~libra_opt.solvers.hybrid_model`).
+    swap_out : ndarray of bool, shape (nv,), optional
+        ``swap_out[v]``: the storages of value ``v`` are copied to the host
+        (``SwapOut``) right after node ``value_node[v]`` first runs.
 
     Returns
     -------
     Schedule
-        ``Compute``/``Free`` instructions, stage by stage.
+        ``Compute``/``Free`` (and ``SwapOut``/``SwapIn``/``Wait``)
+        instructions, stage by stage.
 
     Raises
     ------
@@ -301,10 +319,14 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
         resident.discard(x)
         instrs.append(Free(x))
 
+    arriving: list[int] = []
     for t in range(n):
         for x in sorted(resident):
             if not keep_across(x, t + 1) and not needed(x, t, -1):
                 free(x)
+        if swap_in is not None:
+            arriving = [x for v in np.flatnonzero(swap_in[t]) for x in graph.value_tensors[v]]
+            instrs.extend(SwapIn(x) for x in arriving)
         for k in np.flatnonzero(R[t, :t + 1]):
             k = int(k)
             node = p.nodes[k]
@@ -318,11 +340,18 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
                                       f"{tensors[x].name!r} is not resident; the R/S matrices are inconsistent")
             instrs.append(Compute(k))
             resident.update(node.outputs)
+            if swap_out is not None and k == t:
+                instrs.extend(SwapOut(x) for v in vals if swap_out[v] for x in graph.value_tensors[v])
             cands = set(x for x in node.inputs if tensors[x].kind != INPUT)
             cands.update(node.outputs)
             for x in sorted(cands):
                 if x in resident and not keep_across(x, t + 1) and not needed(x, t, k):
                     free(x)
+        instrs.extend(Wait(x) for x in arriving)
+        resident.update(arriving)
+        for x in arriving:
+            if not keep_across(x, t + 1):
+                free(x)
     m = {"solver": "checkmate", "stages": n, "recomputations": int(R.sum() - n)}
     m.update(meta or {})
     return Schedule(instrs, m)

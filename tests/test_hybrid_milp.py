@@ -1,0 +1,176 @@
+"""Tests of ``hybrid-milp`` (issue 16): keep / recompute / swap plans from a MILP.
+
+Small training graphs (5-15 nodes) with host<->device bandwidths set so that
+copying the no-remat peak once takes a fixed share of one no-remat step.
+Every plan is checked by the simulator against the budget; the optimum is
+compared with libra's hybrid plan, Checkmate's recompute-only optimum and an
+exhaustive enumeration of the model's plans.
+"""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from libra_opt.errors import InfeasibleBudgetError, ScheduleError, SolverError, SolverOptionError
+from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.solvers import solve
+from libra_opt.solvers.checkmate_model import CheckmateGraph
+from libra_opt.solvers.checkmate_plan import s_mask, schedule_from_rs, solve_r_opt
+from libra_opt.solvers.hybrid_model import HybridModel, swappable_values
+from test_checkmate import diamond, linear_network, unet
+
+REL = 1e-6
+
+
+def with_bandwidth(problem, copy_steps: float):
+    """``problem`` with both copy directions at the rate that copies its
+    no-remat peak in ``copy_steps`` no-remat steps, overlapping compute."""
+    rate = no_remat_peak(problem) / (copy_steps * problem.total_compute_s)
+    return problem.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=True)
+
+
+def check_plan(problem, r):
+    """The simulator accepts the plan within the budget, and the result agrees with it."""
+    sim = simulate(problem, r.schedule, r.budget_bytes)
+    assert r.peak_bytes == sim.peak_bytes <= r.budget_bytes
+    assert r.time_s == pytest.approx(sim.time_s)
+    if r.lower_bound_s is not None:
+        assert r.lower_bound_s <= r.time_s * (1 + REL)
+        assert r.gap is not None and r.gap >= 0
+    return sim
+
+
+CASES = [(lambda: linear_network(4), 0.25, 0.6), (lambda: linear_network(4), 1.0, 0.6),
+         (diamond, 1.0, 0.95), (unet, 0.25, 0.95)]
+
+
+@pytest.mark.parametrize("make, copy_steps, frac", CASES)
+def test_plans_fit_and_beat_libra_and_checkmate(make, copy_steps, frac):
+    """A plan the simulator accepts within budget, no slower than libra's hybrid plan or
+    Checkmate's recompute-only optimum at the same budget; its bound lies below both."""
+    p = with_bandwidth(make(), copy_steps)
+    budget = int(frac * no_remat_peak(p))
+    r = solve(p, budget, "hybrid-milp", time_limit_s=30)
+    check_plan(p, r)
+    assert r.status == "optimal"
+    others = [solve(p, budget, "libra", policy="hybrid", raise_on_infeasible=False),
+              solve(p, budget, "checkmate-milp", time_limit_s=30, raise_on_infeasible=False)]
+    assert any(o.success for o in others)
+    for other in (o for o in others if o.success):
+        check_plan(p, other)
+        assert r.time_s <= other.time_s * (1 + REL)
+        assert r.lower_bound_s <= other.time_s * (1 + REL) or other.schedule.swapped_tensors()
+
+
+def test_swapping_beats_recomputation_when_copies_hide_behind_compute():
+    """On Checkmate's chain with fast copies, swapping saved activations beats the recompute-only
+    optimum, and the hybrid bound proves it."""
+    p = with_bandwidth(linear_network(4), 0.25)
+    budget = int(0.6 * no_remat_peak(p))
+    r = solve(p, budget, "hybrid-milp", time_limit_s=30)
+    cm = solve(p, budget, "checkmate-milp", time_limit_s=30)
+    assert r.schedule.swapped_tensors() and r.time_s < cm.time_s
+    assert r.status == "optimal" and r.lower_bound_s < cm.time_s
+
+
+def enumerate_model_plans(problem, budget_bytes: int) -> float:
+    """Exhaustive search over the hybrid model's plans: every checkpoint matrix ``S``, and at
+    every point where a swappable value becomes a checkpoint without being one before, a
+    recompute or a swap-in; ``R`` the least for them.  The best simulated time within budget."""
+    g = CheckmateGraph.from_problem(problem)
+    mask = s_mask(g)
+    cells = list(zip(*np.nonzero(mask)))
+    swappable = swappable_values(g)
+    best = np.inf
+    for bits in itertools.product((False, True), repeat=len(cells)):
+        S = np.zeros((g.n, g.nv), dtype=bool)
+        for (t, v), b in zip(cells, bits):
+            S[t, v] = b
+        points = [(t, v) for t in range(g.n - 1) for v in range(g.nv)
+                  if swappable[v] and S[t + 1, v] and not S[t, v] and t > g.value_node[v]]
+        for how in itertools.product((False, True), repeat=len(points)):
+            IN = np.zeros_like(S)
+            for (t, v), swap in zip(points, how):
+                IN[t, v] = swap
+            R = solve_r_opt(g, S, arrived=IN)
+            if (R & ~g.recomputable[None, :] & ~np.eye(g.n, dtype=bool)).any():
+                continue
+            try:
+                sched = schedule_from_rs(g, R, S, swap_in=IN, swap_out=IN.any(axis=0))
+                best = min(best, simulate(problem, sched, budget_bytes).time_s)
+            except (ScheduleError, SolverError):
+                continue
+    return best
+
+
+@pytest.mark.parametrize("copy_steps", [0.25, 1.0])
+def test_optimum_equals_exhaustive_search(copy_steps):
+    """On a 5-node chain (4 values), the MILP's plan is the best of every plan of its model, and
+    its bound is at or below it."""
+    p = with_bandwidth(linear_network(2), copy_steps)
+    peak = no_remat_peak(p)
+    for budget in sorted({int(f * peak) for f in (0.8, 0.6)}):
+        best = enumerate_model_plans(p, budget)
+        if not np.isfinite(best):
+            with pytest.raises(InfeasibleBudgetError):
+                solve(p, budget, "hybrid-milp", time_limit_s=30, libra_hint=False)
+            continue
+        r = solve(p, budget, "hybrid-milp", time_limit_s=30, libra_hint=False)
+        check_plan(p, r)
+        assert r.time_s == pytest.approx(best, rel=REL)
+        assert r.lower_bound_s <= best * (1 + REL)
+
+
+def test_infeasible_budget_names_a_feasible_one():
+    """Below what one stage needs, InfeasibleBudgetError; the budget it names is solvable."""
+    p = with_bandwidth(unet(), 1.0)
+    g = CheckmateGraph.from_problem(p)
+    low = g.min_stage_bytes() - 1
+    with pytest.raises(InfeasibleBudgetError) as e:
+        solve(p, low, "hybrid-milp", time_limit_s=30)
+    need = e.value.min_feasible_bytes
+    assert need is not None and need > low
+    check_plan(p, solve(p, need, "hybrid-milp", time_limit_s=30))
+
+
+def test_model_memory_never_below_the_simulator():
+    """For the MILP's own plans at several budgets, the simulated peak fits the budget the model
+    was built for (the model never under-counts a storage, an in-flight copy included)."""
+    p = with_bandwidth(unet(), 4.0)
+    peak = no_remat_peak(p)
+    for frac in (0.97, 0.93):
+        r = solve(p, int(frac * peak), "hybrid-milp", time_limit_s=30, libra_hint=False)
+        check_plan(p, r)
+
+
+def test_time_limit_returns_a_plan_with_its_status():
+    """With a 2 s limit on 60 random layered nodes, a plan no slower than libra's, status
+    time_limit or feasible (or optimal if proven in time)."""
+    from libra_opt.generators import random_layered_graph
+
+    p = with_bandwidth(random_layered_graph(60, seed=1), 1.0)
+    budget = int(0.9 * no_remat_peak(p))
+    libra = solve(p, budget, "libra", policy="hybrid")
+    r = solve(p, budget, "hybrid-milp", time_limit_s=2.0)
+    check_plan(p, r)
+    assert r.status in ("optimal", "time_limit", "feasible")
+    assert r.time_s <= libra.time_s * (1 + REL)
+
+
+def test_bad_options_and_too_large_problems_are_rejected():
+    p = linear_network(2)
+    for bad in (dict(time_limit_s=0), dict(mip_gap=1.5), dict(backend="gurobi"), dict(values="op"),
+                dict(max_nodes=3)):
+        with pytest.raises(SolverOptionError):
+            solve(p, 0.7, "hybrid-milp", **bad)
+
+
+def test_model_has_swap_variables_only_for_swappable_values():
+    p = with_bandwidth(unet(), 1.0)
+    g = CheckmateGraph.from_problem(p)
+    m = HybridModel(g, int(0.9 * no_remat_peak(p)))
+    sw = swappable_values(g)
+    assert ((m.off_idx >= 0) <= sw).all() and (m.off_idx >= 0).any()
+    assert ((m.in_idx >= 0).any(axis=0) <= (m.off_idx >= 0)).all()

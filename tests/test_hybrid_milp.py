@@ -9,6 +9,7 @@ exhaustive enumeration of the model's plans.
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 import pytest
@@ -159,6 +160,17 @@ def test_time_limit_returns_a_plan_with_its_status():
     assert r.time_s <= libra.time_s * (1 + REL)
 
 
+def test_time_limit_without_any_plan_is_a_solver_error():
+    """No starting plan fits (libra's left out; no remat and recompute-forward are over the budget)
+    and the MILP finds none in 1 s on a 77-node profiled graph: SolverError, never a plan."""
+    from libra_opt.problem_io import load_problem
+    from test_milp_interrupt import PROBLEM
+
+    p = load_problem(PROBLEM).with_device(copies_overlap_compute=True)
+    with pytest.raises(SolverError, match="no plan within"):
+        solve(p, "85%", "hybrid-milp", time_limit_s=1.0, libra_hint=False)
+
+
 def test_bad_options_and_too_large_problems_are_rejected():
     p = linear_network(2)
     for bad in (dict(time_limit_s=0), dict(mip_gap=1.5), dict(backend="gurobi"), dict(values="op"),
@@ -174,3 +186,34 @@ def test_model_has_swap_variables_only_for_swappable_values():
     sw = swappable_values(g)
     assert ((m.off_idx >= 0) <= sw).all() and (m.off_idx >= 0).any()
     assert ((m.in_idx >= 0).any(axis=0) <= (m.off_idx >= 0)).all()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_milp_without_a_plan(tmp_path):
+    """SIGINT during the native solve (OR-Tools SCIP): KeyboardInterrupt, a non-zero exit, no plan
+    written, no temporary file left (as for checkmate-milp, ``tests/test_milp_interrupt.py``)."""
+    from test_milp_interrupt import PROBLEM, _interrupt, _marker_seen
+
+    plan = tmp_path / "plan.json"
+    driver = """
+        import sys
+        from ortools.linear_solver.python import model_builder_helper
+        from libra_opt.problem_io import load_problem
+        from libra_opt.solvers import solve
+
+        native = model_builder_helper.ModelSolverHelper.solve
+
+        def announced(*args, **kwargs):
+            print("MILP-START", file=sys.stderr, flush=True)
+            return native(*args, **kwargs)
+
+        model_builder_helper.ModelSolverHelper.solve = announced
+        p = load_problem(sys.argv[1]).with_device(copies_overlap_compute=True)
+        r = solve(p, sys.argv[2], "hybrid-milp", time_limit_s=60, libra_hint=False)
+        r.schedule.save(sys.argv[3])
+        print("solved:", r.status)
+    """
+    r = _interrupt(driver, [PROBLEM, "85%", str(plan)], tmp_path, _marker_seen)
+    assert r.returncode != 0 and "KeyboardInterrupt" in r.stderr, (r.stdout, r.stderr)
+    assert "solved:" not in r.stdout and not plan.exists()
+    assert os.listdir(tmp_path / "tmp") == []

@@ -470,10 +470,14 @@ class CheckmateModel:
         self.free_vars: list[tuple[int, int, int, int]] = []
         self.dup_vars: list[tuple[int, int, int]] = []
         self.infeasible_reason: str | None = None
-        #: row of ``S[t+1, v] <= S[t, v] + R[t, p(v)]`` per ``(t, v)``, and the first memory row
-        #: (``U[t, k0] = ...``) per stage ``t``: extensions (``hybrid_model``) add terms to them
+        #: row of ``S[t+1, v] <= S[t, v] + R[t, p(v)]`` per ``(t, v)``; the first memory row
+        #: (``U[t, k0] = ...``) per stage ``t``; the rows ``R[t, j] <= R[t, p(v)] + S[t, v]`` and
+        #: ``sum_k FREE[t, v, k] <= S[t, v] + R[t, p(v)]`` per ``(t, v)``: extensions
+        #: (``hybrid_model``) add terms to them
         self.persist_rows: dict[tuple[int, int], int] = {}
         self.stage_rows: dict[int, int] = {}
+        self.dep_rows: dict[tuple[int, int], list[int]] = {}
+        self.free_sum_rows: dict[tuple[int, int], int] = {}
         need = g.min_stage_bytes()
         if need > budget_bytes:
             self.infeasible_reason = (f"some stage needs at least {need} bytes (a node, the values it reads, its "
@@ -560,6 +564,7 @@ class CheckmateModel:
                     if not more and j == t:
                         raise SolverError(f"Checkmate model: node {j} reads value {v} in stage {t} but it can be "
                                           f"neither kept nor recomputed there; this is a bug")
+                    self.dep_rows.setdefault((t, v), []).append(len(row_lb))
                     add_row([(rj, 1.0)] + more, -inf, 0.0)
         # view ties: S[t, view] <= S[t, base]
         for view, base in g.ties:
@@ -608,6 +613,7 @@ class CheckmateModel:
         for t, v, _k, f in self.free_vars:
             by_tv.setdefault((t, v), []).append(f)
         for (t, v), fs in by_tv.items():
+            self.free_sum_rows[(t, v)] = len(row_lb)
             add_row([(f, 1.0) for f in fs] + terms_r_s(t, v, -1.0), -inf, 0.0)
 
         self.num_vars = len(lb)

@@ -10,13 +10,17 @@ the plan is read off ``(R, S, IN, OFF)`` by
 :func:`~libra_opt.solvers.checkmate_plan.schedule_from_rs` and judged by the
 simulator like every other solver's.
 
-What the result proves: ``lower_bound_s`` is the largest of the MILP's bound
-and the no-remat compute time (capped at the returned plan's time), and it
-lower-bounds the simulated step time of **every plan in the model's space**
+What the result proves: ``lower_bound_s`` is the larger of the MILP's bound
+and the no-remat compute time, and it lower-bounds the simulated step time
+of **every plan in the model's space**
 (:mod:`~libra_opt.solvers.hybrid_model`: Checkmate stage plans plus one
 swap-out per value right after its first computation and swap-ins waited for
 at the end of the stage that issues them), not of every plan the simulator
-accepts (a swap-in overlapping several stages lies outside it).  The status
+accepts (a swap-in waited for inside a stage lies outside it).  When the
+returned plan is libra's and simulates faster than the MILP's bound (it lies
+outside the model), the bound is left out of ``lower_bound_s`` (kept in
+``extras["best_bound_s"]``) and only the no-remat compute time, a bound of
+every plan, is reported.  The status
 is ``"optimal"`` only when the MILP proved its optimum and the returned
 plan's simulated time is within ``mip_gap`` of the bound (the simulator may
 charge waits the model does not: a host copy not yet complete, the
@@ -148,7 +152,8 @@ class HybridMILPSolver(Solver):
         deadline = time.perf_counter() + o.time_limit_s
         setup = CheckmateSetup(problem, "none", problem.num_nodes, self.name, o.values, budget_bytes=budget_bytes)
         g = setup.graph
-        extras: dict = dict(backend=o.backend, model_values=g.nv)
+        extras: dict = dict(backend=o.backend, model_values=g.nv,
+                            bound_scope="the plans of the hybrid model (libra_opt.solvers.hybrid_model)")
         pool = list(setup.heuristics())
         hybrid_hint = None
         libra_min = []
@@ -172,7 +177,8 @@ class HybridMILPSolver(Solver):
                 res = _MipResult(None, "infeasible", None, None, False, "bounds")
                 break
             extras.update(num_vars=model.num_vars, num_rows=model.num_rows,
-                          swap_vars=int((model.in_idx >= 0).sum() + (model.off_idx >= 0).sum()))
+                          swap_vars=int((model.in_idx >= 0).sum() + (model.b_idx >= 0).sum()
+                                        + (model.off_idx >= 0).sum()))
             hint = self._hint(model, pool, hybrid_hint, extras) if o.warm_start else None
             left = max(deadline - time.perf_counter(), 1.0)
             res = _solve_ortools(model, hint, left, o) if o.backend == "ortools" else _solve_pulp(model, hint, left, o)
@@ -194,10 +200,13 @@ class HybridMILPSolver(Solver):
         if res is not None and res.objective is not None:
             extras["objective_s"] = res.objective * scale
 
-        def lower_bound(time_s: float) -> float | None:
-            if res is not None and res.status == "infeasible":
-                return None  # no plan in the model's space: it bounds nothing the returned plan is
-            return min(max([problem.total_compute_s] + ([bound_s] if bound_s is not None else [])), time_s)
+        def lower_bound(time_s: float) -> float:
+            # every node runs at least once: the no-remat compute time bounds every plan.  The MILP's
+            # bound covers the model's plans only; a returned plan faster than it lies outside the
+            # model (libra's), which the bound says nothing of, so it is reported then in extras only
+            if bound_s is not None and bound_s <= time_s * (1 + 1e-9):
+                return max(problem.total_compute_s, min(bound_s, time_s))
+            return min(problem.total_compute_s, time_s)
 
         if cand is None:
             if fitting:
@@ -229,13 +238,16 @@ class HybridMILPSolver(Solver):
         if status == OPTIMAL and cand.time_s > max(bound_s, problem.total_compute_s) * (1 + o.mip_gap) + 1e-12:
             status = FEASIBLE  # the simulator charges waits the model does not (module docstring)
             msg += "; the plan simulates slower than the model's optimum (waits the model does not charge)"
+        if bound_s is not None and cand.time_s < bound_s * (1 - 1e-9):
+            status = FEASIBLE if status == OPTIMAL else status  # a plan outside the model: nothing proven of it
+            msg += "; it lies outside the model (faster than the model's bound, which is not reported)"
         cand.schedule.meta.update({"solver": self.name, "status": status})
         return RawSolution(cand.schedule, status, lower_bound(cand.time_s), msg, extras)
 
     # ---------------------------------------------------------------- helpers
     def _libra_hybrid(self, setup: CheckmateSetup, budget_bytes: int):
-        """libra's hybrid plan: ``(candidate or None, (S, IN, OFF) or None,
-        libra's smallest feasible budget when it finds none)``."""
+        """libra's hybrid plan: ``(candidate or None, (S, IN, A, B, OFF) or
+        None, libra's smallest feasible budget when it finds none)``."""
         from .registry import get_solver
 
         try:
@@ -260,16 +272,16 @@ class HybridMILPSolver(Solver):
         g = model.graph
         tries = []
         if hybrid_hint is not None:
-            S, IN, OFF = hybrid_hint
-            R = solve_r_opt(g, S, arrived=IN)
+            S, IN, A, B, OFF = hybrid_hint
+            R = solve_r_opt(g, S, arrived=A, present=B)
             if not (R & ~g.recomputable[None, :] & ~np.eye(g.n, dtype=bool)).any():
-                tries.append(("libra hybrid (model)", R, S, IN, OFF))
+                tries.append(("libra hybrid (model)", R, S, IN, A, B, OFF))
         no_swap = np.zeros((g.n, g.nv), dtype=bool)
         for c in sorted((c for c in pool if c.R is not None), key=lambda c: c.time_s):
-            tries.append((c.name, c.R, c.S, no_swap, np.zeros(g.nv, dtype=bool)))
+            tries.append((c.name, c.R, c.S, no_swap, no_swap, no_swap, np.zeros(g.nv, dtype=bool)))
         best = None
-        for name, R, S, IN, OFF in tries:
-            xv = model.hybrid_assignment(R, S, IN, OFF)
+        for name, R, S, IN, A, B, OFF in tries:
+            xv = model.hybrid_assignment(R, S, IN, A, B, OFF)
             if xv is None:
                 continue
             value = float(model.obj @ xv)
@@ -282,12 +294,13 @@ class HybridMILPSolver(Solver):
 
     def _candidate(self, setup: CheckmateSetup, model: HybridModel, x: np.ndarray) -> Candidate:
         g = setup.graph
-        _, S, IN, OFF = model.decode_hybrid(x)
-        R = solve_r_opt(g, S, arrived=IN)
+        _, S, IN, A, B, OFF = model.decode_hybrid(x)
+        R = solve_r_opt(g, S, arrived=A, present=B)
         if (R & ~g.recomputable[None, :] & ~np.eye(g.n, dtype=bool)).any():
             raise SolverError("hybrid-milp: the MILP's checkpoints recompute a non-recomputable node; this is a bug")
-        sched = schedule_from_rs(g, R, S, swap_in=IN, swap_out=OFF,
-                                 meta={"solver": self.name, "swap_ins": int(IN.sum()), "swap_outs": int(OFF.sum())})
+        sched = schedule_from_rs(g, R, S, swap_in=IN, arrive=A, swap_out=OFF, swap_now=B,
+                                 meta={"solver": self.name, "swap_ins": int(IN.sum() + B.sum()),
+                                       "swap_outs": int(OFF.sum())})
         from libra_opt.simulator import simulate
 
         sim = simulate(setup.original, sched)

@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 GRAPH_NAMES = ("vgg16_b256_train", "random_layered_n100")
 FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budget_bytes", "status", "time_s",
-          "lower_bound_s", "gap", "solve_s", "libra_time_s", "milp_over_libra", "returned", "message"]
+          "lower_bound_s", "gap", "milp_bound_s", "solve_s", "libra_time_s", "milp_over_libra", "returned",
+          "warm_start", "message"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -121,7 +122,8 @@ def main(argv=None) -> int:
                     try:
                         r = solve(p, budget, "hybrid-milp", time_limit_s=args.time_limit, mip_gap=args.mip_gap)
                         row.update(status=r.status, time_s=r.time_s, lower_bound_s=r.lower_bound_s, gap=r.gap,
-                                   solve_s=round(r.solve_s, 2), returned=r.extras.get("returned", ""),
+                                   milp_bound_s=r.extras.get("best_bound_s", ""), solve_s=round(r.solve_s, 2),
+                                   returned=r.extras.get("returned", ""), warm_start=r.extras.get("warm_start", ""),
                                    message=r.message[:200])
                         if isinstance(row["libra_time_s"], float):
                             row["milp_over_libra"] = r.time_s / row["libra_time_s"]

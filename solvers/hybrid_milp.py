@@ -54,7 +54,7 @@ from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, 
 from .base import Solver
 from .checkmate_milp import _MipResult, _solve_ortools, _solve_pulp, check_mip_options
 from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, schedule_from_rs, solve_r_opt
-from .hybrid_model import HybridModel, hybrid_from_schedule
+from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
 from .registry import register_solver
 from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
 
@@ -215,6 +215,8 @@ class HybridMILPSolver(Solver):
                        else "the MILP found no plan within the time limit")
                 c.schedule.meta.update({"solver": self.name})
                 status = TIME_LIMIT if res is not None and res.hit_time_limit else FEASIBLE
+                if c.time_s <= problem.total_compute_s * (1 + o.mip_gap):
+                    status = OPTIMAL  # no plan computes less than every node once
                 return RawSolution(c.schedule, status, lower_bound(c.time_s),
                                    f"{why}; returning the {c.name} plan, which the simulator accepts",
                                    dict(extras, returned=c.name))
@@ -241,6 +243,8 @@ class HybridMILPSolver(Solver):
         if bound_s is not None and cand.time_s < bound_s * (1 - 1e-9):
             status = FEASIBLE if status == OPTIMAL else status  # a plan outside the model: nothing proven of it
             msg += "; it lies outside the model (faster than the model's bound, which is not reported)"
+        if cand.time_s <= problem.total_compute_s * (1 + o.mip_gap):
+            status = OPTIMAL  # no plan computes less than every node once
         cand.schedule.meta.update({"solver": self.name, "status": status})
         return RawSolution(cand.schedule, status, lower_bound(cand.time_s), msg, extras)
 
@@ -276,6 +280,8 @@ class HybridMILPSolver(Solver):
             R = solve_r_opt(g, S, arrived=A, present=B)
             if not (R & ~g.recomputable[None, :] & ~np.eye(g.n, dtype=bool)).any():
                 tries.append(("libra hybrid (model)", R, S, IN, A, B, OFF))
+        S, IN, A, B, OFF = swap_on_demand(g)
+        tries.append(("swap on demand", solve_r_opt(g, S, arrived=A, present=B), S, IN, A, B, OFF))
         no_swap = np.zeros((g.n, g.nv), dtype=bool)
         for c in sorted((c for c in pool if c.R is not None), key=lambda c: c.time_s):
             tries.append((c.name, c.R, c.S, no_swap, no_swap, no_swap, np.zeros(g.nv, dtype=bool)))

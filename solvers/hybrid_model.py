@@ -38,14 +38,17 @@ until its copy ends: while the copy may still run in stage ``s``
 (``P[s, v] = 1``) the model frees nothing of it in the stage (no ``FREE``),
 and charges it through the stage (``Z[s, v] >= P[s, v] - S[s, v]``) when it
 is not resident at the stage's start.  ``P[s, v]`` may be 0 only if the
-copy has surely ended when stage ``s`` starts: ``L[v] <= c(s)``, where
-``c(s)`` is the compute time of nodes ``< s`` (their first runs) and ``L[v]``
-the device-to-host queue's end after ``v`` in those same static
-coordinates (``L[v] >= c(p(v) + 1) + d_v``, ``L[v] >= L[v'] + d_v`` for the
-previous offloaded value ``v'``).  Recomputations and stalls delay the
-stage's start at least as much as the copy's issue, so the simulator has
-released the storage there: memory is never under-counted, and a plan of
-the model fits the budget in the simulator.
+copy has surely ended when stage ``s`` starts: ``L[v] <= c(s) + D[s]``,
+where ``c(s)`` is the compute time of nodes ``< s`` (their first runs),
+``D[s]`` the delay every such plan surely has before stage ``s`` on top of
+it (its recomputations and its ``B`` swap-ins' own copy times), and ``L[v]``
+the device-to-host queue's end after ``v`` in those coordinates (``L[v] >=
+c(p(v) + 1) + D[p(v) + 1] + d_v``, ``L[v] >= L[v'] + d_v`` for the previous
+offloaded value ``v'``).  In the simulator the time between a copy's issue
+(right after node ``p(u)``) and stage ``s``'s start is at least the first
+runs, recomputations and ``B`` copies in between, so the storage has been
+released there: memory is never under-counted, and a plan of the model fits
+the budget in the simulator.
 
 Time (the objective): ``sum_t (C_t + X_t) + sum d_v B[t, v]`` with ``C_t`` stage ``t``'s
 compute (first runs at ``time_s``, recomputations at the executor's recompute
@@ -87,7 +90,7 @@ from .checkmate_model import CheckmateGraph, CheckmateModel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HybridModel", "swappable_values", "hybrid_from_schedule"]
+__all__ = ["HybridModel", "swappable_values", "hybrid_from_schedule", "swap_on_demand"]
 
 
 def swappable_values(graph: CheckmateGraph) -> np.ndarray:
@@ -145,8 +148,15 @@ class HybridModel(CheckmateModel):
         self.l_vars: dict[int, tuple[int, float]] = {}           # v -> (index of L[v], its upper bound, scaled)
         self.z_vars: list[tuple[int, int, int, int]] = []        # (s, v, index of Z[s, v], of P[s, v])
         self.x_vars: dict[int, int] = {}                          # t -> index of X[t]
+        self.d_vars: list[int] = []                               # s -> index of D[s]
         if self.infeasible_reason is None and swap:
             self._extend()
+
+    def recompute_units(self, i: int) -> float:
+        """Cost of recomputing node ``i``, in the model's time units."""
+        g = self.graph
+        cost = g.cost_s[i] if g.recompute_cost_s is None else g.recompute_cost_s[i]
+        return float(cost) / self.time_scale
 
     @cached_property
     def static_start_s(self) -> np.ndarray:
@@ -291,23 +301,34 @@ class HybridModel(CheckmateModel):
         frees: dict[tuple[int, int], list[int]] = {}
         for t, v, _k, f in self.free_vars:
             frees.setdefault((t, v), []).append(f)
-        prev = None             # (L index, its upper bound)
+        # D[s]: compute-stream delay before stage s that every plan of these variables surely has
+        # beyond the first runs (recomputations, swap-ins waited for at a stage's start)
+        d_in = self.d_in_s / self.time_scale
+        delay = self.d_vars = [new_var(0.0, 0.0, 0.0, False)]
+        for t in range(n - 1):
+            d = new_var(0.0, np.inf, 0.0, False)
+            terms = [(d, 1.0), (delay[-1], -1.0)]
+            terms += [(int(self.r_idx[t, i]), -self.recompute_units(i)) for i in range(t) if self.r_idx[t, i] >= 0]
+            terms += [(int(self.b_idx[t, v]), -d_in[v]) for v in np.flatnonzero(self.b_idx[t] >= 0)]
+            add_row(terms, 0.0, 0.0)
+            delay.append(d)
+        prev = None             # (L index, its static upper bound less the delay)
         for v in sorted(np.flatnonzero(self.off_idx >= 0), key=lambda v: (int(g.value_node[v]), int(v))):
             p = int(g.value_node[v])
             off = int(self.off_idx[v])
-            hi = max(c[p + 1], prev[1] if prev else 0.0) + d_out[v]
-            lv = new_var(0.0, hi, 0.0, False)
+            hi = max(c[p + 1], prev[1] if prev else 0.0) + d_out[v]   # L[v] - D[p + 1] <= hi
+            lv = new_var(0.0, np.inf, 0.0, False)
             self.l_vars[int(v)] = (lv, hi)
-            add_row([(lv, 1.0), (off, -d_out[v])], c[p + 1], np.inf)
+            add_row([(lv, 1.0), (off, -d_out[v]), (delay[p + 1], -1.0)], c[p + 1], np.inf)
             if prev is not None:
                 add_row([(lv, 1.0), (prev[0], -1.0), (off, -d_out[v])], 0.0, np.inf)
             prev = (lv, hi)
             for s in range(p + 1, n):
                 if c[s] >= hi:
                     break
-                big = hi - c[s]
-                pend = new_var(0.0, 1.0, 0.0, True)       # P = 1 if L > c(s) and OFF
-                add_row([(lv, 1.0), (pend, -big), (off, big)], -np.inf, c[s] + big - eps)
+                big = hi - c[s]     # L[v] - D[s] - c(s) <= hi - c(s)
+                pend = new_var(0.0, 1.0, 0.0, True)       # P = 1 if L > c(s) + D[s] and OFF
+                add_row([(lv, 1.0), (delay[s], -1.0), (pend, -big), (off, big)], -np.inf, c[s] + big - eps)
                 z = new_var(0.0, 1.0, 0.0, False)         # Z >= P - S[s, v]
                 add_row([(z, 1.0), (pend, -1.0)] + ([(s_idx[s, v], 1.0)] if s_idx[s, v] >= 0 else []), 0.0, np.inf)
                 add_to_row(self.stage_rows[s], z, -m[v])
@@ -381,15 +402,22 @@ class HybridModel(CheckmateModel):
         if self.overlap:
             c = self.static_start_s / ts
             d_out = self.d_out_s / ts
+            D = [0.0]
+            for t in range(g.n - 1):
+                D.append(D[-1] + sum(self.recompute_units(int(i)) for i in np.flatnonzero(R[t, :t]))
+                         + float(B[t] @ (self.d_in_s / ts)))
+            for d, val in zip(self.d_vars, D):
+                xv[d] = val
             last = 0.0
             L = {}
             for v in sorted(self.l_vars, key=lambda v: (int(g.value_node[v]), v)):
-                last = max(c[int(g.value_node[v]) + 1], last) + (d_out[v] if OFF[v] else 0.0)
+                p = int(g.value_node[v])
+                last = max(c[p + 1] + D[p + 1], last) + (d_out[v] if OFF[v] else 0.0)
                 L[v] = last
                 xv[self.l_vars[v][0]] = last
             held: set[tuple[int, int]] = set()
             for s, v, z, pend in self.z_vars:
-                pending = bool(OFF[v]) and L[v] > c[s] + 1e-9 * max(float(c[-1]), 1.0)
+                pending = bool(OFF[v]) and L[v] > c[s] + D[s] + 1e-9 * max(float(c[-1]), 1.0)
                 xv[pend] = 1.0 if pending else 0.0
                 xv[z] = 1.0 if pending and not S[s, v] else 0.0
                 shift[s] += m[v] * xv[z]
@@ -501,3 +529,35 @@ def hybrid_from_schedule(graph: CheckmateGraph, schedule: Schedule) -> tuple[np.
             A[u - 1, v] = True
             S[u, v] = True
     return S, IN, A, B, OFF
+
+
+def swap_on_demand(graph: CheckmateGraph) -> tuple[np.ndarray, ...]:
+    """``(S, IN, A, B, OFF)`` of the plan that keeps every value from its
+    computation to its first use (no remat there) and brings a swappable
+    value back for each later use by a swap-in at the start of that stage
+    (``B``); other values are kept to their last use.  The least memory
+    among simple plans of the model: a starting solution at tight budgets.
+
+    Returns
+    -------
+    S, IN, A, B : ndarray of bool, shape (n, nv)
+    OFF : ndarray of bool, shape (nv,)
+    """
+    from .checkmate_plan import keep_all_s
+
+    n, nv = graph.n, graph.nv
+    swappable = swappable_values(graph)
+    S = keep_all_s(graph)
+    B = np.zeros((n, nv), dtype=bool)
+    for v in np.flatnonzero(swappable):
+        users = graph.users[v]
+        if not users:
+            continue
+        first = users[0]
+        S[first + 1:, v] = False
+        for j in users[1:]:
+            if j > first:
+                B[j, v] = True
+    OFF = B.any(axis=0)
+    none = np.zeros((n, nv), dtype=bool)
+    return S, none, none.copy(), B, OFF

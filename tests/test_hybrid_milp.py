@@ -25,11 +25,11 @@ from test_checkmate import diamond, linear_network, unet
 REL = 1e-6
 
 
-def with_bandwidth(problem, copy_steps: float):
+def with_bandwidth(problem, copy_steps: float, overlap: bool = True):
     """``problem`` with both copy directions at the rate that copies its
-    no-remat peak in ``copy_steps`` no-remat steps, overlapping compute."""
+    no-remat peak in ``copy_steps`` no-remat steps, overlapping compute or not."""
     rate = no_remat_peak(problem) / (copy_steps * problem.total_compute_s)
-    return problem.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=True)
+    return problem.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=overlap)
 
 
 def check_plan(problem, r):
@@ -121,13 +121,14 @@ def enumerate_model_plans(problem, budget_bytes: int) -> float:
     return best
 
 
-@pytest.mark.parametrize("copy_steps", [0.25, 0.5, 1.0])
+@pytest.mark.parametrize("copy_steps, overlap", [(0.25, True), (0.5, True), (1.0, True), (0.25, False)])
 @pytest.mark.parametrize("budget", [210, 250])
-def test_optimum_equals_exhaustive_search(tiny_problem, copy_steps, budget):
+def test_optimum_equals_exhaustive_search(tiny_problem, copy_steps, overlap, budget):
     """On a 4-node graph (``a = f(x)``, ``b = g(a)``, ``gb = h(b)``, ``ga = k(gb, a)``; peak 300 B),
     the MILP's plan is the best of every plan of its model, and its bound is at or below it (a
-    swap-in of ``a`` before ``k`` when its stall costs less than recomputing ``a``)."""
-    p = with_bandwidth(tiny_problem, copy_steps)
+    swap-in of ``a`` before ``k`` when its stall costs less than recomputing ``a``), also where
+    copies occupy the compute stream (a CPU)."""
+    p = with_bandwidth(tiny_problem, copy_steps, overlap)
     best = enumerate_model_plans(p, budget)
     r = solve(p, budget, "hybrid-milp", time_limit_s=30, libra_hint=False)
     check_plan(p, r)

@@ -288,7 +288,8 @@ class HybridMILPSolver(Solver):
         best = None
         for name, R, S, IN, A, B, OFF in tries:
             xv = model.hybrid_assignment(R, S, IN, A, B, OFF)
-            if xv is None:
+            if xv is None or not model.satisfies(xv):
+                log.debug("hybrid-milp: the %s plan is not a solution of the model", name)
                 continue
             value = float(model.obj @ xv)
             if best is None or value < best[0]:

@@ -337,6 +337,13 @@ class HybridModel(CheckmateModel):
                 self.z_vars.append((s, int(v), z, pend))
 
     # -------------------------------------------------------------- results
+    def satisfies(self, xv: np.ndarray, tol: float = 1e-6) -> bool:
+        """True if ``xv`` (shape (num_vars,)) is within every bound and row
+        of the model, to ``tol`` (integrality is not checked)."""
+        r = self.A @ xv
+        return bool((xv >= self.lb - tol).all() and (xv <= self.ub + tol).all()
+                    and (r >= self.row_lb - tol).all() and (r <= self.row_ub + tol).all())
+
     def decode_hybrid(self, xv: np.ndarray) -> tuple[np.ndarray, ...]:
         """``(R, S, IN, A, B, OFF)`` as bool arrays, shapes (n, n), then
         (n, nv) four times, then (nv,), from an integral solution vector."""
@@ -518,6 +525,8 @@ def hybrid_from_schedule(graph: CheckmateGraph, schedule: Schedule) -> tuple[np.
                 for y in resident:
                     if y in tv:
                         S[stage, tv[y]] = True
+    for view, base in sorted(graph.ties, reverse=True):  # a resident view holds its base's storage
+        S[:, base] |= S[:, view]
     IN = np.zeros((n, nv), dtype=bool)
     A = np.zeros((n, nv), dtype=bool)
     B = np.zeros((n, nv), dtype=bool)
@@ -535,7 +544,8 @@ def swap_on_demand(graph: CheckmateGraph) -> tuple[np.ndarray, ...]:
     """``(S, IN, A, B, OFF)`` of the plan that keeps every value from its
     computation to its first use (no remat there) and brings a swappable
     value back for each later use by a swap-in at the start of that stage
-    (``B``); other values are kept to their last use.  The least memory
+    (``B``); other values, and bases while a view of them is kept, are kept
+    to their last use.  The least memory
     among simple plans of the model: a starting solution at tight budgets.
 
     Returns
@@ -558,6 +568,9 @@ def swap_on_demand(graph: CheckmateGraph) -> tuple[np.ndarray, ...]:
         for j in users[1:]:
             if j > first:
                 B[j, v] = True
+    for view, base in sorted(graph.ties, reverse=True):  # a resident view holds its base's storage
+        S[:, base] |= S[:, view]
+    B &= ~S
     OFF = B.any(axis=0)
     none = np.zeros((n, nv), dtype=bool)
     return S, none, none.copy(), B, OFF

@@ -174,14 +174,15 @@ def test_time_limit_returns_a_plan_with_its_status():
 
 
 def test_time_limit_without_any_plan_is_a_solver_error():
-    """No starting plan fits (libra's left out; no remat and recompute-forward are over the budget)
-    and the MILP finds none in 1 s on a 77-node profiled graph: SolverError, never a plan."""
+    """No starting plan (libra's and the warm start left out; no remat and recompute-forward are
+    over the budget) and the MILP finds none in 1 s on a 77-node profiled graph: SolverError,
+    never a plan."""
     from libra_opt.problem_io import load_problem
     from test_milp_interrupt import PROBLEM
 
     p = load_problem(PROBLEM).with_device(copies_overlap_compute=True)
     with pytest.raises(SolverError, match="no plan within"):
-        solve(p, "85%", "hybrid-milp", time_limit_s=1.0, libra_hint=False)
+        solve(p, "85%", "hybrid-milp", time_limit_s=1.0, libra_hint=False, warm_start=False)
 
 
 def test_bad_options_and_too_large_problems_are_rejected():
@@ -251,3 +252,36 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
     for r in rows:
         if r["time_s"]:
             assert float(r["lower_bound_s"]) <= float(r["time_s"]) * (1 + REL)
+
+
+def profiled_problem():
+    """The 77-node profiled ResNet (views, multi-output ops) from ``problems/``."""
+    from libra_opt.problem_io import load_problem
+    from test_milp_interrupt import PROBLEM
+
+    return load_problem(PROBLEM)
+
+
+@pytest.mark.parametrize("make, copy_steps, frac", [(lambda: linear_network(4), 0.25, 0.6),
+                                                    (profiled_problem, 1.0, 0.9)])
+def test_starting_plans_are_solutions_of_the_model(make, copy_steps, frac):
+    """libra's hybrid plan (mapped onto the model) and the swap-on-demand plan satisfy every row
+    of the model where they fit its budget, and their lowered plans simulate within it."""
+    from libra_opt.solvers.hybrid_model import hybrid_from_schedule, swap_on_demand
+
+    p = with_bandwidth(make(), copy_steps)
+    g = CheckmateGraph.from_problem(p)
+    budget = int(frac * no_remat_peak(p))
+    m = HybridModel(g, budget)
+    lib = solve(p, budget, "libra", policy="hybrid")
+    fitted = 0
+    for S, IN, A, B, OFF in (hybrid_from_schedule(g, lib.schedule), swap_on_demand(g)):
+        R = solve_r_opt(g, S, arrived=A, present=B)
+        xv = m.hybrid_assignment(R, S, IN, A, B, OFF)
+        if xv is None:
+            continue
+        fitted += 1
+        assert m.satisfies(xv)
+        sched = schedule_from_rs(g, R, S, swap_in=IN, arrive=A, swap_out=OFF, swap_now=B)
+        simulate(p, sched, budget)
+    assert fitted

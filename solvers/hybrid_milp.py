@@ -28,8 +28,11 @@ device-to-host queue's tail).
 
 Starting solution and fallback (as ``checkmate-milp``'s ``libra_hint``):
 libra's hybrid plan at the same budget, mapped onto the model's variables
-(:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`), and the
-recompute-only plans (libra's, no remat, recompute-forward) are hints; the
+(:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`), the
+swap-on-demand plan (:func:`~libra_opt.solvers.hybrid_model.swap_on_demand`)
+and the recompute-only plans (libra's, no remat, recompute-forward,
+Checkmate's LP rounding given a quarter of ``time_limit_s``, at most 60 s)
+are hints; the
 cheapest the simulator accepts within the budget is returned whenever the
 MILP ends worse or without a plan, so the result is never slower than
 libra's hybrid plan (status then ``"feasible"`` or ``"time_limit"``).
@@ -167,6 +170,20 @@ class HybridMILPSolver(Solver):
             if libra is not None:
                 pool.append(libra)
                 extras["libra_time_s"] = libra.time_s
+        if o.warm_start and g.min_stage_bytes() <= budget_bytes:
+            # Checkmate's LP rounding (recompute only, sec. 5.2): a plan of the model, cheap next to the MILP
+            from .checkmate_lp import round_lp
+
+            t_lp = time.perf_counter()
+            share = min(o.time_limit_s / 4, 60.0)
+            try:
+                rr = round_lp(setup, budget_bytes, time_limit_s=max(share, 1.0), deadline=t_lp + share)
+            except SolverError as e:  # only a starting plan
+                log.info("hybrid-milp: no LP rounding to start from: %s", e)
+            else:
+                if rr.best is not None:
+                    pool.append(rr.best)
+            extras["warm_start_lp_s"] = time.perf_counter() - t_lp
         fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
 
         model_budget = budget_bytes

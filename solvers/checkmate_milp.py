@@ -120,6 +120,39 @@ class CheckmateMILPOptions:
     libra_hint: bool = True
 
 
+def check_mip_options(o, solver: str) -> None:
+    """Check the options a MILP solver shares with ``checkmate-milp``
+    (``backend``, ``ortools_solver``, ``time_limit_s``, ``mip_gap``,
+    ``threads``) and that the backend's package is installed.
+
+    Raises
+    ------
+    SolverOptionError
+        An option out of range; the message names it and the valid values.
+    SolverUnavailableError
+        The backend's package (``ortools`` or ``pulp``) is not installed.
+    """
+    if o.backend not in BACKENDS:
+        raise SolverOptionError(f"{solver}: unknown backend {o.backend!r}; use one of {BACKENDS}")
+    if o.ortools_solver not in ORTOOLS_SOLVERS:
+        raise SolverOptionError(f"{solver}: unknown ortools_solver {o.ortools_solver!r}; use one of "
+                                f"{ORTOOLS_SOLVERS}")
+    if not o.time_limit_s > 0:
+        raise SolverOptionError(f"{solver}: time_limit_s must be positive, got {o.time_limit_s}")
+    if not 0 <= o.mip_gap < 1:
+        raise SolverOptionError(f"{solver}: mip_gap must be in [0, 1), got {o.mip_gap}")
+    if o.threads is not None and o.threads < 1:
+        raise SolverOptionError(f"{solver}: threads must be a positive integer or None, got {o.threads}")
+    mod = "ortools" if o.backend == "ortools" else "pulp"
+    import importlib.util
+
+    if importlib.util.find_spec(mod) is None:
+        from libra_opt.errors import SolverUnavailableError
+
+        raise SolverUnavailableError(f"{solver} backend {o.backend!r} needs {mod}, which is not "
+                                     f"installed: pip install {mod}")
+
+
 @dataclass
 class _MipResult:
     x: np.ndarray | None
@@ -161,27 +194,9 @@ class CheckmateMILPSolver(Solver):
 
     def _check_options(self) -> None:
         o = self.options
-        if o.backend not in BACKENDS:
-            raise SolverOptionError(f"checkmate-milp: unknown backend {o.backend!r}; use one of {BACKENDS}")
-        if o.ortools_solver not in ORTOOLS_SOLVERS:
-            raise SolverOptionError(f"checkmate-milp: unknown ortools_solver {o.ortools_solver!r}; use one of "
-                             f"{ORTOOLS_SOLVERS}")
-        if not o.time_limit_s > 0:
-            raise SolverOptionError(f"checkmate-milp: time_limit_s must be positive, got {o.time_limit_s}")
-        if not 0 <= o.mip_gap < 1:
-            raise SolverOptionError(f"checkmate-milp: mip_gap must be in [0, 1), got {o.mip_gap}")
-        if o.threads is not None and o.threads < 1:
-            raise SolverOptionError(f"checkmate-milp: threads must be a positive integer or None, got {o.threads}")
+        check_mip_options(o, self.name)
         if o.max_nodes < 2:
             raise SolverOptionError(f"checkmate-milp: max_nodes must be at least 2, got {o.max_nodes}")
-        mod = "ortools" if o.backend == "ortools" else "pulp"
-        import importlib.util
-
-        if importlib.util.find_spec(mod) is None:
-            from libra_opt.errors import SolverUnavailableError
-
-            raise SolverUnavailableError(f"checkmate-milp backend {o.backend!r} needs {mod}, which is not "
-                                         f"installed: pip install {mod}")
 
     # ------------------------------------------------------------------ solve
     def _solve(self, problem, budget_bytes: int) -> RawSolution:

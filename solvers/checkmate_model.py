@@ -470,6 +470,14 @@ class CheckmateModel:
         self.free_vars: list[tuple[int, int, int, int]] = []
         self.dup_vars: list[tuple[int, int, int]] = []
         self.infeasible_reason: str | None = None
+        #: row of ``S[t+1, v] <= S[t, v] + R[t, p(v)]`` per ``(t, v)``; the first memory row
+        #: (``U[t, k0] = ...``) per stage ``t``; the rows ``R[t, j] <= R[t, p(v)] + S[t, v]`` and
+        #: ``sum_k FREE[t, v, k] <= S[t, v] + R[t, p(v)]`` per ``(t, v)``: extensions
+        #: (``hybrid_model``) add terms to them
+        self.persist_rows: dict[tuple[int, int], int] = {}
+        self.stage_rows: dict[int, int] = {}
+        self.dep_rows: dict[tuple[int, int], list[int]] = {}
+        self.free_sum_rows: dict[tuple[int, int], int] = {}
         need = g.min_stage_bytes()
         if need > budget_bytes:
             self.infeasible_reason = (f"some stage needs at least {need} bytes (a node, the values it reads, its "
@@ -543,6 +551,7 @@ class CheckmateModel:
                 s_next = s_idx[t + 1, v]
                 if s_next < 0 or vnode[v] == t:  # computed in its own stage: R[t, t] = 1
                     continue
+                self.persist_rows[(t, v)] = len(row_lb)
                 add_row([(s_next, 1.0)] + terms_r_s(t, v, -1.0), -inf, 0.0)
         # dependencies: R[t, j] <= R[t, p(v)] + S[t, v]
         for t in range(n):
@@ -555,6 +564,7 @@ class CheckmateModel:
                     if not more and j == t:
                         raise SolverError(f"Checkmate model: node {j} reads value {v} in stage {t} but it can be "
                                           f"neither kept nor recomputed there; this is a bug")
+                    self.dep_rows.setdefault((t, v), []).append(len(row_lb))
                     add_row([(rj, 1.0)] + more, -inf, 0.0)
         # view ties: S[t, view] <= S[t, base]
         for view, base in g.ties:
@@ -592,6 +602,8 @@ class CheckmateModel:
                                 add_row([(d, 1.0), (s_idx[t, v], -1.0)], -inf, 0.0)
                                 add_row([(d, 1.0), (r_idx[t, prev_k], -1.0)], -inf, 0.0)
                                 terms.append((d, m[v]))
+                if prev_u < 0:
+                    self.stage_rows[t] = len(row_lb)
                 add_row(terms, 0.0, 0.0)
                 if k != t and x[k] > 0:
                     add_row([(u, 1.0), (r_idx[t, k], x[k])], -inf, room)
@@ -601,6 +613,7 @@ class CheckmateModel:
         for t, v, _k, f in self.free_vars:
             by_tv.setdefault((t, v), []).append(f)
         for (t, v), fs in by_tv.items():
+            self.free_sum_rows[(t, v)] = len(row_lb)
             add_row([(f, 1.0) for f in fs] + terms_r_s(t, v, -1.0), -inf, 0.0)
 
         self.num_vars = len(lb)

@@ -36,7 +36,7 @@ import numpy as np
 
 from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, SolverOptionError
 from libra_opt.problem import INPUT, RematProblem
-from libra_opt.schedule import Compute, Free, Schedule
+from libra_opt.schedule import Compute, Free, Schedule, SwapIn, SwapOut, Wait
 from libra_opt.simulator import simulate
 
 from .checkmate_model import VALUE_GRANULARITIES, CheckmateGraph
@@ -47,7 +47,8 @@ __all__ = ["solve_r_opt", "rs_from_s", "s_mask", "schedule_from_rs", "keep_all_s
            "CheckmateSetup", "no_remat_if_fits", "s_from_schedule"]
 
 
-def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
+def solve_r_opt(graph: CheckmateGraph, S: np.ndarray, arrived: np.ndarray | None = None,
+                present: np.ndarray | None = None) -> np.ndarray:
     """The cheapest recomputation matrix for the checkpoints ``S``.
 
     ``R[t, t] = 1``; node ``p(v)`` runs in stage ``t`` where value ``v`` is a
@@ -61,6 +62,13 @@ def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
     ----------
     graph : CheckmateGraph
     S : ndarray of bool, shape (n, nv)
+    arrived : ndarray of bool, shape (n, nv), optional
+        ``arrived[t, v]``: value ``v`` is swapped in during stage ``t``
+        (:mod:`~libra_opt.solvers.hybrid_model`), so it is a checkpoint of
+        stage ``t + 1`` without running its producer.
+    present : ndarray of bool, shape (n, nv), optional
+        ``present[t, v]``: value ``v`` is swapped in at the start of stage
+        ``t`` and usable there like a checkpoint of stage ``t``.
 
     Returns
     -------
@@ -71,11 +79,15 @@ def solve_r_opt(graph: CheckmateGraph, S: np.ndarray) -> np.ndarray:
     R = np.eye(n, dtype=bool)
     vnode = graph.value_node
     if n > 1 and graph.nv:
-        t_idx, v_idx = np.nonzero(S[1:] & ~S[:-1])
+        new = S[1:] & ~S[:-1]
+        for extra in (arrived, present):
+            if extra is not None:
+                new &= ~extra[:-1]
+        t_idx, v_idx = np.nonzero(new)
         R[t_idx, vnode[v_idx]] = True
     deps = graph.deps
     for t in range(n):
-        row_r, row_s = R[t], S[t]
+        row_r, row_s = R[t], (S[t] if present is None else S[t] | present[t])
         for j in range(t, -1, -1):
             if row_r[j]:
                 for v in deps[j]:
@@ -250,7 +262,9 @@ def s_from_schedule(graph: CheckmateGraph, schedule: Schedule, coarse=None) -> n
     return S
 
 
-def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, meta: dict | None = None) -> Schedule:
+def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, meta: dict | None = None,
+                     swap_in: np.ndarray | None = None, arrive: np.ndarray | None = None,
+                     swap_out: np.ndarray | None = None, swap_now: np.ndarray | None = None) -> Schedule:
     """Turn integral ``(R, S)`` into a schedule on ``graph.problem``.
 
     Parameters
@@ -262,11 +276,28 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
         :func:`rs_from_s`).
     meta : dict, optional
         Stored in the schedule's ``meta``.
+    swap_in : ndarray of bool, shape (n, nv), optional
+        ``swap_in[t, v]``: the storages of value ``v`` are swapped in at the
+        start of stage ``t`` (``SwapIn``, after the stage's first frees), in
+        order of arrival (hybrid plans, :mod:`~libra_opt.solvers.hybrid_model`).
+    swap_now : ndarray of bool, shape (n, nv), optional
+        ``swap_now[t, v]``: the storages of ``v`` are swapped in and waited
+        for at the start of stage ``t`` (before the other swap-ins), usable
+        in stage ``t``.
+    arrive : ndarray of bool, shape (n, nv), optional
+        ``arrive[t, v]``: the swap-in of ``v`` in flight is waited for at the
+        end of stage ``t`` (``Wait``, after node ``t`` and its frees); ``v``
+        is then resident for stage ``t + 1``.  Default: ``swap_in`` (each
+        copy waited for in the stage that issues it).
+    swap_out : ndarray of bool, shape (nv,), optional
+        ``swap_out[v]``: the storages of value ``v`` are copied to the host
+        (``SwapOut``) right after node ``value_node[v]`` first runs.
 
     Returns
     -------
     Schedule
-        ``Compute``/``Free`` instructions, stage by stage.
+        ``Compute``/``Free`` (and ``SwapOut``/``SwapIn``/``Wait``)
+        instructions, stage by stage.
 
     Raises
     ------
@@ -301,10 +332,26 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
         resident.discard(x)
         instrs.append(Free(x))
 
+    arrive = swap_in if arrive is None else arrive
+    landing = np.zeros(0, dtype=np.int64)
+    if swap_in is not None:  # the stage each copy issued in stage t lands in
+        landing = np.full((n, graph.nv), n, dtype=np.int64)
+        for t in range(n - 1, -1, -1):
+            landing[t] = np.where(arrive[t], t, landing[t + 1] if t + 1 < n else n)
+    arriving: list[int] = []
     for t in range(n):
         for x in sorted(resident):
             if not keep_across(x, t + 1) and not needed(x, t, -1):
                 free(x)
+        if swap_now is not None:
+            now = [x for v in np.flatnonzero(swap_now[t]) for x in graph.value_tensors[v]]
+            instrs.extend(SwapIn(x) for x in now)
+            instrs.extend(Wait(x) for x in now)
+            resident.update(now)
+        if swap_in is not None:
+            for v in sorted(np.flatnonzero(swap_in[t]), key=lambda v: (landing[t, v], v)):
+                instrs.extend(SwapIn(x) for x in graph.value_tensors[v])
+            arriving = [x for v in np.flatnonzero(arrive[t]) for x in graph.value_tensors[v]]
         for k in np.flatnonzero(R[t, :t + 1]):
             k = int(k)
             node = p.nodes[k]
@@ -318,11 +365,18 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
                                       f"{tensors[x].name!r} is not resident; the R/S matrices are inconsistent")
             instrs.append(Compute(k))
             resident.update(node.outputs)
+            if swap_out is not None and k == t:
+                instrs.extend(SwapOut(x) for v in vals if swap_out[v] for x in graph.value_tensors[v])
             cands = set(x for x in node.inputs if tensors[x].kind != INPUT)
             cands.update(node.outputs)
             for x in sorted(cands):
                 if x in resident and not keep_across(x, t + 1) and not needed(x, t, k):
                     free(x)
+        instrs.extend(Wait(x) for x in arriving)
+        resident.update(arriving)
+        for x in arriving:
+            if not keep_across(x, t + 1):
+                free(x)
     m = {"solver": "checkmate", "stages": n, "recomputations": int(R.sum() - n)}
     m.update(meta or {})
     return Schedule(instrs, m)

@@ -1,0 +1,143 @@
+"""``hybrid-milp`` against libra's hybrid plan: proven optima, bounds and gaps.
+
+For each instance, budget (fraction of the no-remat peak) and bandwidth, runs
+libra (``policy="hybrid"``) and ``hybrid-milp`` and writes one CSV row:
+status, simulated step times, the MILP's lower bound, the gap, solve seconds.
+Bandwidths are relative (issue 16's targets): copying the no-remat peak once
+takes ``f`` times one no-remat step, for ``f`` in ``--bandwidths``
+(default 0.25, 1, 4), with copies overlapping compute (a GPU's copy engines).
+
+The bound covers the plans of the hybrid model
+(:mod:`libra_opt.solvers.hybrid_model`: Checkmate stages, one swap-out per
+value after its first computation, swap-ins waited for at the end of the
+stage that issues them); ``gap`` is ``(time - bound) / bound`` of the
+returned plan.
+
+Instances: ``vgg16_b256_train`` and ``random_layered_n100`` from ``GRAPHS``
+(Moccasin's export of the Checkmate graphs, GPL-3.0, not in this repository:
+pass their folder), ``problems/`` instances under ``--max-nodes`` nodes, and
+random layered graphs of ``--generate`` sizes (:mod:`libra_opt.generators`,
+seed 0).
+
+Usage::
+
+    python benchmarks/hybrid_optimality.py GRAPHS                       # everything, 600 s per MILP
+    python benchmarks/hybrid_optimality.py GRAPHS --only vgg16 --budgets 0.8 --bandwidths 1 --time-limit 120
+    python benchmarks/hybrid_optimality.py --generate 30,60,100 --time-limit 60
+
+Writes ``benchmarks/results/hybrid_optimality.csv`` (``--out``), one row per
+solve as it finishes, and prints progress.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import logging
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+GRAPH_NAMES = ("vgg16_b256_train", "random_layered_n100")
+FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budget_bytes", "status", "time_s",
+          "lower_bound_s", "gap", "milp_bound_s", "solve_s", "libra_time_s", "milp_over_libra", "returned",
+          "warm_start", "message"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """Command-line options (see the module docstring)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("graphs", nargs="?", metavar="GRAPHS", help="folder of the node-link graphs (see above)")
+    p.add_argument("--only", nargs="*", default=None, metavar="NAME", help="only instances whose name contains one")
+    p.add_argument("--budgets", default="0.9,0.8,0.7,0.5", help="fractions of the no-remat peak")
+    p.add_argument("--bandwidths", default="0.25,1,4",
+                   help="copy time of the no-remat peak, in no-remat steps (default 0.25,1,4)")
+    p.add_argument("--time-limit", type=float, default=600.0, metavar="S", help="seconds per MILP (default 600)")
+    p.add_argument("--mip-gap", type=float, default=1e-4, help="relative gap at which the MILP stops")
+    p.add_argument("--max-nodes", type=int, default=100, help="problems/ instances up to this many nodes")
+    p.add_argument("--generate", default="", metavar="N1,N2,...", help="random layered graphs of these sizes")
+    p.add_argument("--out", default=str(RESULTS / "hybrid_optimality.csv"))
+    return p.parse_args(argv)
+
+
+def instances(args) -> list:
+    """``(name, problem)`` pairs to run."""
+    from libra_opt.generators import random_layered_graph
+    from libra_opt.importers import load_problem_any
+
+    out = []
+    if args.graphs:
+        for name in GRAPH_NAMES:
+            path = Path(args.graphs) / f"{name}.json"
+            if path.exists():
+                out.append((name, load_problem_any(path)))
+            else:
+                logging.warning("no %s in %s", path.name, args.graphs)
+    for path in sorted((ROOT / "problems").glob("*.json.gz")):
+        p = load_problem_any(path)
+        if p.num_nodes < args.max_nodes:
+            out.append((path.name.split(".")[0], p))
+    for n in [int(x) for x in args.generate.split(",") if x.strip()]:
+        out.append((f"random_layered_gen_n{n}", random_layered_graph(n, seed=0)))
+    if args.only:
+        out = [(n, p) for n, p in out if any(o in n for o in args.only)]
+    return out
+
+
+def main(argv=None) -> int:
+    """Run every instance, budget and bandwidth; write the CSV; print a summary."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    from libra_opt.errors import InfeasibleBudgetError
+    from libra_opt.simulator import no_remat_peak
+    from libra_opt.solvers import solve
+
+    budgets = [float(b) for b in args.budgets.split(",")]
+    bandwidths = [float(b) for b in args.bandwidths.split(",")]
+    insts = instances(args)
+    total = len(insts) * len(budgets) * len(bandwidths)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    done = 0
+    t_start = time.perf_counter()
+    with open(args.out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for name, base in insts:
+            peak = no_remat_peak(base)
+            step = base.total_compute_s
+            for bw in bandwidths:
+                rate = peak / (bw * step)
+                p = base.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=True)
+                for frac in budgets:
+                    done += 1
+                    budget = int(frac * peak)
+                    row = dict(instance=name, nodes=p.num_nodes, bandwidth_x_step=bw, budget_fraction=frac,
+                               budget_bytes=budget)
+                    try:
+                        lib = solve(p, budget, "libra", policy="hybrid")
+                        row["libra_time_s"] = lib.time_s
+                    except InfeasibleBudgetError:
+                        row["libra_time_s"] = "infeasible"
+                    try:
+                        r = solve(p, budget, "hybrid-milp", time_limit_s=args.time_limit, mip_gap=args.mip_gap)
+                        row.update(status=r.status, time_s=r.time_s, lower_bound_s=r.lower_bound_s, gap=r.gap,
+                                   milp_bound_s=r.extras.get("best_bound_s", ""), solve_s=round(r.solve_s, 2),
+                                   returned=r.extras.get("returned", ""), warm_start=r.extras.get("warm_start", ""),
+                                   message=r.message[:200])
+                        if isinstance(row["libra_time_s"], float):
+                            row["milp_over_libra"] = r.time_s / row["libra_time_s"]
+                    except InfeasibleBudgetError as e:
+                        row.update(status="infeasible", message=str(e)[:200])
+                    w.writerow(row)
+                    f.flush()
+                    gap = row.get("gap")
+                    print(f"[{done}/{total} {time.perf_counter() - t_start:7.0f}s] {name} bw={bw} budget={frac}: "
+                          f"{row['status']} time={row.get('time_s', '-')} bound={row.get('lower_bound_s', '-')} "
+                          f"gap={'-' if gap is None else f'{gap:.4f}'} solve={row.get('solve_s', '-')}s "
+                          f"libra={row['libra_time_s']}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -10,21 +10,23 @@ the plan is read off ``(R, S, IN, OFF)`` by
 :func:`~libra_opt.solvers.checkmate_plan.schedule_from_rs` and judged by the
 simulator like every other solver's.
 
-What the result proves: ``lower_bound_s`` is the larger of the MILP's bound
-and the no-remat compute time, and it lower-bounds the simulated step time
-of **every plan in the model's space**
-(:mod:`~libra_opt.solvers.hybrid_model`: Checkmate stage plans plus one
-swap-out per value right after its first computation and swap-ins waited for
-at the end of the stage that issues them), not of every plan the simulator
-accepts (a swap-in waited for inside a stage lies outside it).  When the
-returned plan is libra's and simulates faster than the MILP's bound (it lies
-outside the model), the bound is left out of ``lower_bound_s`` (kept in
-``extras["best_bound_s"]``) and only the no-remat compute time, a bound of
-every plan, is reported.  The status
-is ``"optimal"`` only when the MILP proved its optimum and the returned
-plan's simulated time is within ``mip_gap`` of the bound (the simulator may
-charge waits the model does not: a host copy not yet complete, the
-device-to-host queue's tail).
+What the result proves (:mod:`~libra_opt.solvers.certificates`): two
+``"hybrid"`` bounds, the compute floor (every plan's) and the MILP's bound,
+which lower-bounds the simulated step time of **every plan in the model's
+space** (:mod:`~libra_opt.solvers.hybrid_model`: Checkmate stage plans plus
+one swap-out per value right after its first computation and swap-ins
+waited for at the end of the stage that issues them), not of every plan the
+simulator accepts (a swap-in waited for inside a stage lies outside it).  The
+MILP bound therefore carries a ``covers`` test: it is applied to a plan
+(``SolveResult.lower_bound_s``, ``gap``) only when the plan maps onto a point
+of the model that costs no more than the plan, else the compute floor is; it
+is reported only when the model was built at the budget asked for (not one
+tightened for the solver's tolerance), and stays in
+``extras["best_bound_s"]`` in any case.  The status is ``"optimal"`` only
+when the MILP proved its optimum and the returned plan's simulated time is
+within ``mip_gap`` of the bound (the simulator may charge waits the model
+does not: a host copy not yet complete, the device-to-host queue's tail), or
+the plan runs at the compute floor.
 
 Starting solution and fallback (as ``checkmate-milp``'s ``libra_hint``):
 libra's hybrid plan at the same budget, mapped onto the model's variables
@@ -55,6 +57,7 @@ import numpy as np
 from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, SolverOptionError
 
 from .base import Solver
+from .certificates import HYBRID, Bound, compute_floor_s, floor_bound, model_covers
 from .checkmate_milp import _MipResult, _solve_ortools, _solve_pulp, check_mip_options
 from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, schedule_from_rs, solve_r_opt
 from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
@@ -150,7 +153,7 @@ class HybridMILPSolver(Solver):
         trivial = no_remat_if_fits(problem, budget_bytes)
         if trivial is not None:
             trivial.meta.update({"solver": self.name})
-            return RawSolution(trivial, OPTIMAL, lower_bound_s=problem.total_compute_s,
+            return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
                                message="the no-remat plan fits the budget (nothing to evict)")
         deadline = time.perf_counter() + o.time_limit_s
         setup = CheckmateSetup(problem, "none", problem.num_nodes, self.name, o.values, budget_bytes=budget_bytes)
@@ -217,13 +220,14 @@ class HybridMILPSolver(Solver):
         if res is not None and res.objective is not None:
             extras["objective_s"] = res.objective * scale
 
-        def lower_bound(time_s: float) -> float:
-            # every node runs at least once: the no-remat compute time bounds every plan.  The MILP's
-            # bound covers the model's plans only; a returned plan faster than it lies outside the
-            # model (libra's), which the bound says nothing of, so it is reported then in extras only
-            if bound_s is not None and bound_s <= time_s * (1 + 1e-9):
-                return max(problem.total_compute_s, min(bound_s, time_s))
-            return min(problem.total_compute_s, time_s)
+        floor_s = compute_floor_s(problem)   # every plan runs each node an output depends on once
+        bounds = [floor_bound(problem, budget_bytes, self.name)]
+        if bound_s is not None and model is not None and model_budget == budget_bytes:
+            # a model tightened for the solver's tolerance has fewer plans: its bound is none at the budget
+            bounds.append(Bound(bound_s, HYBRID, f"{self.name} (MILP bound)", int(budget_bytes),
+                                _covers(setup, model, budget_bytes,
+                                        own=None if cand is None else (cand.schedule, extras.get("objective_s")))))
+        bounds = tuple(bounds)
 
         if cand is None:
             if fitting:
@@ -232,11 +236,11 @@ class HybridMILPSolver(Solver):
                        else "the MILP found no plan within the time limit")
                 c.schedule.meta.update({"solver": self.name})
                 status = TIME_LIMIT if res is not None and res.hit_time_limit else FEASIBLE
-                if c.time_s <= problem.total_compute_s * (1 + o.mip_gap):
-                    status = OPTIMAL  # no plan computes less than every node once
-                return RawSolution(c.schedule, status, lower_bound(c.time_s),
+                if c.time_s <= floor_s * (1 + o.mip_gap):
+                    status = OPTIMAL  # no plan computes less than the compute floor
+                return RawSolution(c.schedule, status, None,
                                    f"{why}; returning the {c.name} plan, which the simulator accepts",
-                                   dict(extras, returned=c.name))
+                                   dict(extras, returned=c.name), bounds=bounds)
             if res is not None and res.status == "infeasible":
                 detail = "no plan of the hybrid MILP fits this budget" + (
                     f": {model.infeasible_reason}" if model is not None and model.infeasible_reason else "")
@@ -254,16 +258,16 @@ class HybridMILPSolver(Solver):
             cand = fitting[0]
             msg += f"; the {cand.name} plan is faster than the MILP's and is returned"
             extras["returned"] = cand.name
-        if status == OPTIMAL and cand.time_s > max(bound_s, problem.total_compute_s) * (1 + o.mip_gap) + 1e-12:
+        if status == OPTIMAL and cand.time_s > max(bound_s, floor_s) * (1 + o.mip_gap) + 1e-12:
             status = FEASIBLE  # the simulator charges waits the model does not (module docstring)
             msg += "; the plan simulates slower than the model's optimum (waits the model does not charge)"
         if bound_s is not None and cand.time_s < bound_s * (1 - 1e-9):
             status = FEASIBLE if status == OPTIMAL else status  # a plan outside the model: nothing proven of it
-            msg += "; it lies outside the model (faster than the model's bound, which is not reported)"
-        if cand.time_s <= problem.total_compute_s * (1 + o.mip_gap):
-            status = OPTIMAL  # no plan computes less than every node once
+            msg += "; it lies outside the model (faster than the model's bound, which does not cover it)"
+        if cand.time_s <= floor_s * (1 + o.mip_gap):
+            status = OPTIMAL  # no plan computes less than the compute floor
         cand.schedule.meta.update({"solver": self.name, "status": status})
-        return RawSolution(cand.schedule, status, lower_bound(cand.time_s), msg, extras)
+        return RawSolution(cand.schedule, status, None, msg, extras, bounds=bounds)
 
     # ---------------------------------------------------------------- helpers
     def _libra_hybrid(self, setup: CheckmateSetup, budget_bytes: int):
@@ -335,3 +339,33 @@ class HybridMILPSolver(Solver):
         err = setup.infeasible(budget_bytes, pool, detail)
         best = [b for b in [err.min_feasible_bytes, *libra_min] if b is not None and b > budget_bytes]
         return InfeasibleBudgetError(budget_bytes, min(best) if best else None, self.name, detail)
+
+
+def _covers(setup: CheckmateSetup, model: HybridModel, budget_bytes: int, own=None):
+    """The ``covers`` test of the MILP bound
+    (:func:`~libra_opt.solvers.certificates.model_covers`): a plan is covered
+    when it maps onto a solution of ``model``
+    (:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`, then
+    :meth:`HybridModel.hybrid_assignment`, which books each copy in at the
+    stage that issues it) whose objective is at most the plan's simulated
+    time; the model's optimum, and so its bound, is then at most that time.
+    Plans the model cannot express (a swap-in waited for inside a stage, a
+    second swap-out, ...) are not covered: the bound says nothing of them.
+    ``own``: ``(schedule, objective_s)`` of the MILP's own solution, a point of
+    the model by construction."""
+    g = setup.graph
+
+    def image(schedule):
+        if own is not None and schedule is own[0] and own[1] is not None:
+            return float(own[1]), int(budget_bytes)
+        try:
+            S, IN, A, B, OFF = hybrid_from_schedule(g, schedule)
+        except SolverError:
+            return None
+        R = solve_r_opt(g, S, arrived=A, present=B)
+        xv = model.hybrid_assignment(R, S, IN, A, B, OFF)
+        if xv is None or not model.satisfies(xv):
+            return None
+        return model.objective_seconds(float(model.obj @ xv)), int(budget_bytes)   # within the model's budget
+
+    return model_covers(setup.original, budget_bytes, image)

@@ -319,3 +319,41 @@ def test_short_last_batch_on_cuda_under_inductor_within_the_budget():
     torch.testing.assert_close(loss, ref_loss, rtol=1e-3, atol=1e-4)
     (sp,) = om.shape_plans.values()
     assert sp.inductor is not None and "forward" in sp.inductor.compiled
+
+
+def test_readme_loop_trains_like_eager_and_a_restart_loads_its_plans(tmp_path, monkeypatch):
+    """The README's "Varying shapes and saved plans" loop, run as written: a
+    loader with a short last batch trains with parameters bitwise equal to the
+    same loop without libra-opt; run again in a fresh model (a restart) it
+    neither profiles nor solves, loading the saved profile and both plans."""
+    import re
+    from pathlib import Path
+
+    import libra_opt.solvers as solvers
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text[text.index("### Varying shapes and saved plans\n"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    data = torch.randn(456, 16, generator=torch.Generator().manual_seed(3))
+
+    def run():
+        ns = {"net": mlp(), "loss_fn": square_loss, "cache_dir": tmp_path,
+              "loader": torch.utils.data.DataLoader(data, batch_size=256)}
+        exec(code, ns)
+        return ns["net"], ns["model"]
+
+    ref = mlp()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for x in torch.utils.data.DataLoader(data, batch_size=256):
+        square_loss(ref(x)).backward(), ref_opt.step(), ref_opt.zero_grad()
+    net, model = run()
+    assert len(model.shape_plans) == 1                      # batch 200: a plan of its own
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), ref.parameters()))
+    calls = []
+    monkeypatch.setattr(libra_opt.profiling, "profile_step", lambda *a, **k: calls.append("profile"))
+    orig_solve = solvers.solve
+    monkeypatch.setattr(solvers, "solve", lambda *a, **k: calls.append("solve") or orig_solve(*a, **k))
+    net2, model2 = run()
+    assert calls == []                                      # the restart loaded the profile and both plans
+    assert model2.plan.schedule.instructions == model.plan.schedule.instructions
+    assert all(torch.equal(a, b) for a, b in zip(net2.parameters(), ref.parameters()))

@@ -130,7 +130,8 @@ class Finisher:
                 continue   # an earlier retention changed this chain
             s = tl.t_storage[t]
             end = tl._storage_end(s)
-            if end + 1 < q and int(mem[end + 1:q].max()) + int(tl.t_nbytes[s]) > budget:
+            held = int(tl.t_nbytes[s]) if tl.t_act[s] else 0   # a view of an input: its storage stays resident
+            if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
                 continue
             cost, old = tl.added_s(), tl.t_until.get(t)
             tl.retain(t, q)

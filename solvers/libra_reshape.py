@@ -157,7 +157,7 @@ class Reshaper:
         if not self.t_until:   # copy-on-write: copies of the timeline share the list until then
             self.t_last_eff = list(self.t_last_eff)
         s = self.t_storage[t]
-        nbytes = int(self.t_nbytes[s])
+        nbytes = int(self.t_nbytes[s]) if self.t_act[s] else 0   # a view of an input: resident all along
         old_end, old = self._storage_end(s), self.t_last_eff[t]
         if until is None:
             if self.t_until.pop(t, None) is not None:

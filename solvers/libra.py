@@ -547,6 +547,17 @@ class LibraSolver(Solver):
                 plan = (ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
                         or ref.as_lowered(final))   # the plan min_feasible_bytes measured
                 return self._raw(plan, ref.opts.policy)
+        # the end of a descent over the budget as it is can fit once the undo pass gives back the
+        # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
+        for ref in refs:
+            final = ref.final()
+            prepared = ref.prepare(final, budget, exchange=False)
+            if prepared[0].peak()[0] <= budget:
+                plan = ref.realize(prepared, final, budget)
+                if plan is not None and (best is None or plan.simulation.added_s < best[0].simulation.added_s):
+                    best = (plan, ref)
+        if best is not None:
+            return self._raw(best[0], best[1].opts.policy)
         return None
 
     def _baseline_raw(self, name: str, plan: BaselinePlan) -> RawSolution:

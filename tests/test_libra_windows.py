@@ -66,3 +66,11 @@ def test_a_view_of_an_input_is_kept_for_a_chain_at_no_memory_cost():
     assert r.extras["retained"], r.extras
     assert all(x["nbytes"] == 0 or p.tensors[p.tensors[x["tensor"]].storage].kind != "activation"
                for x in r.extras["retained"])
+
+
+def test_the_end_of_a_descent_fits_once_its_needless_decision_is_undone():
+    """fuzz-41 (at most 5 forward ops) at 0.8: the descent ends 4% over the
+    budget, with an eviction whose regeneration raised memory; the undo pass
+    gives it back and the plan fits (it was stated infeasible)."""
+    p = random_problem(41, max_forward=5)
+    _assert_near(p, 0.8)

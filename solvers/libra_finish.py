@@ -63,9 +63,9 @@ class _Plan:
 
 
 #: the early shift (``Finisher._early_shift``) runs on problems of at most this many nodes
-EARLY_SHIFT_MAX_NODES = 100
+EARLY_SHIFT_MAX_NODES = 64
 #: most chain positions the early shift tries per plan
-EARLY_SHIFT_MAX_TRIES = 64
+EARLY_SHIFT_MAX_TRIES = 32
 
 
 class Finisher:
@@ -122,8 +122,8 @@ class Finisher:
         :data:`EARLY_SHIFT_MAX_NODES` nodes; at most
         :data:`EARLY_SHIFT_MAX_TRIES` positions per plan.  Returns the
         timeline and records (new objects where a shift was taken)."""
-        if self.problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.t_until:
-            return tl, records
+        if self.problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.t_until or len(records) < 2:
+            return tl, records   # a shift gains through the undo pass: another decision to give back
         tries = 0
         for j in sorted(k for k in records if tl.pol[k] == REC):
             s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])

@@ -86,7 +86,8 @@ class Eviction:
 @dataclass(frozen=True)
 class Retain:
     """Keep tensor ``tensor`` resident after its last use, through position
-    ``until`` (it is freed after node ``until`` runs), for the recomputation
+    ``until`` (it is freed after node ``until`` runs, or, where that node does
+    not read it, right after the chain before it), for the recomputation
     chains that run before nodes up to ``until``.  Costs ``nbytes`` of its
     storage over the extra positions; saves regenerating it there."""
 
@@ -378,6 +379,11 @@ class _Lowerer:
                     break
             else:
                 touched = None
+            if i in retain_end:   # kept only for the chain before node i: freed once it has run
+                for t in retain_end[i]:
+                    if t in live and t not in ins and freeable[t] and not self._defer_base(t):
+                        append(free_instr[t])
+                        live.discard(t)
             append(compute_instr[i])
             outs = node.outputs
             live.update(outs)

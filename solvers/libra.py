@@ -177,7 +177,9 @@ class LibraOptions:
         portfolio, a second descent with the other setting runs too (on
         problems of up to 1,000 nodes: the variant costs seconds on larger
         ones) and the cheaper plan is returned (neither setting is better on
-        every graph).
+        every graph); on two-phase problems of up to
+        ``LibraSolver.ALL_WINDOWS_MAX_NODES`` nodes (300) with ``windows="auto"``,
+        a descent over every window (``windows="all"``) too.
     retain_inputs : bool
         During the descent, score a recomputation whose chain would
         regenerate inputs of the producer freed after their last use also
@@ -321,17 +323,29 @@ class LibraSolver(Solver):
             if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
                 refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
             refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
+            if o.windows == "auto" and refs[0].mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
+                refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
         return refs
 
     def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
                    snaps: list[dict]) -> tuple[list[_Refiner], list[dict]]:
-        """Descents without early regeneration for the budgets no descent
-        reached, when some descent took an early regeneration (which holds
-        memory and can end a greedy descent sooner)."""
+        """For the budgets no descent reached: descents without early
+        regeneration, when some descent took an early regeneration (which
+        holds memory and can end a greedy descent sooner), and, with
+        ``windows="auto"``, when every descent used the default eviction windows (one per storage, from its
+        last forward use to its first backward use), one over every window
+        (a storage freed and regenerated between two backward uses: without
+        it, budgets a plan meets were stated infeasible)."""
         missing = [b for b in budgets if all(s.get(b) is None for s in snaps)]
-        if not missing or not any(ref.used_early for ref in refs):
+        if not missing:
             return [], []
-        more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
+        more = []
+        if any(ref.used_early for ref in refs):
+            more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
+        if self.options.windows == "auto" and all(ref.mode == "default" for ref in refs):   # windows inside a phase
+            more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
+        if not more:
+            return [], []
         for ref in more:
             ref.asked = set(missing)
         return more, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs))
@@ -386,6 +400,9 @@ class LibraSolver(Solver):
     #: nodes (building their plans costs seconds on thousands of nodes); on larger ones only where no
     #: descent meets the budget
     POOL_MAX_NODES = 1000
+    #: recompute-only mode's portfolio adds a descent over every eviction window (``windows="all"``) on
+    #: two-phase problems of at most this many nodes (the default windows miss gaps inside a phase)
+    ALL_WINDOWS_MAX_NODES = 300
     #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
     #: share of the cheapest one's
     EXCHANGE_SPAN = 0.05
@@ -530,6 +547,17 @@ class LibraSolver(Solver):
                 plan = (ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
                         or ref.as_lowered(final))   # the plan min_feasible_bytes measured
                 return self._raw(plan, ref.opts.policy)
+        # the end of a descent over the budget as it is can fit once the undo pass gives back the
+        # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
+        for ref in refs:
+            final = ref.final()
+            prepared = ref.prepare(final, budget, exchange=False)
+            if prepared[0].peak()[0] <= budget:
+                plan = ref.realize(prepared, final, budget)
+                if plan is not None and (best is None or plan.simulation.added_s < best[0].simulation.added_s):
+                    best = (plan, ref)
+        if best is not None:
+            return self._raw(best[0], best[1].opts.policy)
         return None
 
     def _baseline_raw(self, name: str, plan: BaselinePlan) -> RawSolution:

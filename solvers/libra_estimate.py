@@ -488,7 +488,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             return
         self.chains[q] = ch
         self._dirty.update(ch.touched)
-        self.regen_off[q] = ch.peak_bytes - ch.kept_bytes - int(self.newws[q])
+        self.regen_off[q] = ch.peak_bytes - ch.kept_bytes - int(self.newws[q]) + self.chain_held_bytes(q)
         if self.regen_time[q] != ch.time_s:
             self.regen_time[q] = ch.time_s
             self._T = None

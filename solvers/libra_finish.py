@@ -62,6 +62,12 @@ class _Plan:
     snapshot: _Snapshot
 
 
+#: the early shift (``Finisher._early_shift``) runs on problems of at most this many nodes
+EARLY_SHIFT_MAX_NODES = 64
+#: most chain positions the early shift tries per plan
+EARLY_SHIFT_MAX_TRIES = 32
+
+
 class Finisher:
     """Mixin of :class:`~libra_opt.solvers.libra_refine._Refiner`: the finish
     step (reads the refiner's ``problem``, ``opts``, ``orig_b``, option-cost
@@ -100,8 +106,53 @@ class Finisher:
             self._keep_regenerated(tl, records, budget)
         if self.opts.retain and self.allow_rec:
             self._retain_inputs(tl, budget)
+            if self.opts.undo and undo and self.opts.early:
+                tl, records = self._early_shift(tl, records, budget)
         self._fix_shrunk(tl, records)
         return tl, records, undone
+
+    def _early_shift(self, tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict]:
+        """Regenerate early and keep the inputs together: for a recomputed
+        window whose chain keeps inputs of the storage's producer resident
+        until it (retentions), try the chain at each earlier position ``q``
+        inside the window, with those inputs kept only until ``q``, then the
+        undo pass; the cheapest such plan within ``budget`` (estimate) is
+        kept (Checkmate's R regenerating a value at any stage before its use
+        while S frees its inputs sooner).  Problems of at most
+        :data:`EARLY_SHIFT_MAX_NODES` nodes; at most
+        :data:`EARLY_SHIFT_MAX_TRIES` positions per plan.  Returns the
+        timeline and records (new objects where a shift was taken)."""
+        if self.problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.t_until or len(records) < 2:
+            return tl, records   # a shift gains through the undo pass: another decision to give back
+        tries = 0
+        for j in sorted(k for k in records if tl.pol[k] == REC):
+            s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+            if b != int(self.orig_b[j]) or j not in records:
+                continue
+            rets = [t for t in self.problem.nodes[tl.t_prod[s]].inputs if tl.t_until.get(t) == b]
+            if not rets:
+                continue
+            first = tl.tensors_read_at(s, b)
+            best = None
+            for q in range(b - 1, a + 1, -1):
+                if tries >= EARLY_SHIFT_MAX_TRIES:
+                    break
+                tries += 1
+                t2, r2 = tl.copy(), dict(records)
+                t2.move_end(j, q, first)
+                for t in rets:
+                    t2.retain(t, q if q > t2.t_last[t] else None)
+                if int(t2.memory().max()) > budget:
+                    continue
+                undo_pass(t2, r2, budget)
+                if j in r2 and t2.added_s() < (best[0] if best else tl).added_s() * (1 - 1e-12):
+                    r2[j] = dataclasses.replace(r2[j], before=q)
+                    best = (t2, r2)
+            if best is not None:
+                tl, records = best
+                if tl.swap.ids.size:
+                    tl.refresh_swaps()
+        return tl, records
 
     def _retain_inputs(self, tl: Timeline, budget: int) -> int:
         """Where a recomputation chain regenerates a tensor that was freed after
@@ -130,7 +181,8 @@ class Finisher:
                 continue   # an earlier retention changed this chain
             s = tl.t_storage[t]
             end = tl._storage_end(s)
-            if end + 1 < q and int(mem[end + 1:q].max()) + int(tl.t_nbytes[s]) > budget:
+            held = int(tl.t_nbytes[s]) if tl.t_act[s] else 0   # a view of an input: its storage stays resident
+            if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
                 continue
             cost, old = tl.added_s(), tl.t_until.get(t)
             tl.retain(t, q)

@@ -63,6 +63,7 @@ class _Refiner(Finisher):
         mode = opts.windows
         if mode == "auto":
             mode = "default" if problem.boundary < problem.num_nodes else "all"
+        self.mode = mode   # the windows it descends over: "default" or "all"
         self.tl = tl = _fresh_timeline(problem, mode, opts.swap_overlap_margin)
         self.allow_rec = opts.policy != "swap"
         self.allow_swap = opts.policy != "recompute"

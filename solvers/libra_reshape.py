@@ -119,11 +119,30 @@ class Reshaper:
         return [*self.evictions(), *self.retentions()]
 
     def _storage_end(self, s: int) -> int:
-        """Last position storage ``s`` is resident without evictions (retentions included)."""
+        """Last position storage ``s`` is resident without evictions (retentions
+        included: a tensor retained for the chain before a node that does not
+        read it is freed after that chain, before the node runs)."""
         ts = self.views[s]
         if any(self.t_out[t] for t in ts):
             return self.N - 1
-        return max(self.t_last_eff[t] for t in ts)
+        if not self.t_until:
+            return max(self.t_last_eff[t] for t in ts)
+        return max(self.t_last_eff[t] - (t in self.t_until and t not in self.n_inputs[self.t_last_eff[t]])
+                   for t in ts)
+
+    def chain_held_bytes(self, q: int) -> int:
+        """Bytes of the storages retained only for the chain before node ``q``
+        (freed after it, before node ``q`` runs): resident during the chain,
+        not in the memory of node ``q`` itself."""
+        if not self.t_until:
+            return 0
+        seen, out = set(), 0
+        for t, u in self.t_until.items():
+            s = self.t_storage[t]
+            if u == q and s not in seen and self.t_act[s] and self._storage_end(s) == q - 1:
+                seen.add(s)
+                out += int(self.t_nbytes[s])
+        return out
 
     def retainable(self, t: int) -> bool:
         """Tensor ``t`` may be kept past its last use (:meth:`retain`): an
@@ -157,7 +176,7 @@ class Reshaper:
         if not self.t_until:   # copy-on-write: copies of the timeline share the list until then
             self.t_last_eff = list(self.t_last_eff)
         s = self.t_storage[t]
-        nbytes = int(self.t_nbytes[s])
+        nbytes = int(self.t_nbytes[s]) if self.t_act[s] else 0   # a view of an input: resident all along
         old_end, old = self._storage_end(s), self.t_last_eff[t]
         if until is None:
             if self.t_until.pop(t, None) is not None:

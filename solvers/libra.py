@@ -309,40 +309,50 @@ class LibraSolver(Solver):
 
     def _refiners(self, problem: RematProblem, merge: bool = True) -> list[_Refiner]:
         """The descents to run: the chosen policy's, plus, with ``portfolio``,
-        in hybrid mode one per single policy, in recompute-only mode one with
+        in hybrid mode one per single policy and recompute-only mode's extra
+        descents (a recompute-only plan is a hybrid plan); in recompute-only
+        mode (and for hybrid's recompute-only extras) one with
         the other ``retain_inputs`` setting and, on problems of at most
         :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
         (greedy descents are not monotone in their moves: each of these wins
         on some graphs); ``merge=False`` leaves that one out (the tightening:
         a budget a subset of the descents meets, a solve meets too)."""
         refs = [_Refiner(problem, self.options)]
-        if self.options.policy == "hybrid" and self.options.portfolio:
-            refs += [_Refiner(problem, dataclasses.replace(self.options, policy=pol)) for pol in ("recompute", "swap")]
-        elif self.options.policy == "recompute" and self.options.portfolio:
-            o = self.options
-            if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
-                refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
-            refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
-            if o.windows == "auto" and refs[0].mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
-                refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
+        if not self.options.portfolio or self.options.policy == "swap":
+            return refs
+        o = self.options
+        if o.policy == "hybrid":
+            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol)) for pol in ("recompute", "swap")]
+            # recompute-only mode's extra descents too: a recompute-only plan is a hybrid plan, so hybrid
+            # returns none costlier than recompute-only mode finds
+            o = dataclasses.replace(o, policy="recompute")
+        base = refs[1] if self.options.policy == "hybrid" else refs[0]     # the recompute-only descent
+        if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
+            refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
+        refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
+        if o.windows == "auto" and base.mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
+            refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
         return refs
 
     def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
-                   snaps: list[dict]) -> tuple[list[_Refiner], list[dict]]:
+                   snaps: list[dict], force: bool = False) -> tuple[list[_Refiner], list[dict]]:
         """For the budgets no descent reached: descents without early
         regeneration, when some descent took an early regeneration (which
         holds memory and can end a greedy descent sooner), and, with
         ``windows="auto"``, when every descent used the default eviction windows (one per storage, from its
         last forward use to its first backward use), one over every window
         (a storage freed and regenerated between two backward uses: without
-        it, budgets a plan meets were stated infeasible)."""
-        missing = [b for b in budgets if all(s.get(b) is None for s in snaps)]
+        it, budgets a plan meets were stated infeasible).  ``force``: for
+        every budget of ``budgets`` (their snapshots did not lower within
+        them), as a solve of several budgets runs them for one it misses."""
+        missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
         if not missing:
             return [], []
         more = []
         if any(ref.used_early for ref in refs):
             more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
-        if self.options.windows == "auto" and all(ref.mode == "default" for ref in refs):   # windows inside a phase
+        main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
+        if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
             more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
         if not more:
             return [], []
@@ -394,7 +404,18 @@ class LibraSolver(Solver):
         snaps = self._descend_all(refs, [budget_bytes])
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         refs, snaps = refs + more, snaps + more_snaps
-        return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
+        try:
+            return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
+        except InfeasibleBudgetError:
+            if more:
+                raise
+            # the descents reached the budget in their estimate but no plan lowers within it: the fallbacks
+            # too (as the tightening's several budgets run them), so that a stated minimum is met
+            more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps, force=True)
+            if not more:
+                raise
+            refs, snaps = refs + more, snaps + more_snaps
+            return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
 
     #: recompute-only mode compares with its baselines at every budget on problems of at most this many
     #: nodes (building their plans costs seconds on thousands of nodes); on larger ones only where no
@@ -493,10 +514,13 @@ class LibraSolver(Solver):
         found = self._libra_plan(refs, snaps, budget, exchange)
         recompute = self.options.policy == "recompute"
         if pool is not None and budget >= pool.floor:
-            if recompute and (found is None or pool.problem.num_nodes <= self.POOL_MAX_NODES):
+            small = pool.problem.num_nodes <= self.POOL_MAX_NODES
+            if recompute and (found is None or small):
                 hit = pool.best(RECOMPUTE_BASELINES, budget) if found is None or found.simulation.added_s > 0 else None
             elif recompute:
                 hit = None
+            elif found is not None and small:   # hybrid: every baseline, as recompute-only mode compares its own
+                hit = pool.best(PORTFOLIO_BASELINES, budget) if found.simulation.added_s > 0 else None
             else:
                 hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget)
             if found is None and hit is not None and not recompute:

@@ -227,8 +227,14 @@ def test_milp_matches_exhaustive_search_with_views_and_multi_output_nodes(make, 
     budget = int(fraction * no_remat_peak(p))
     best = exhaustive_optimum(p, budget)
     if best is None:
-        with pytest.raises(InfeasibleBudgetError):
-            solve(p, budget, solver="checkmate-milp", **MILP)
+        # no plan of Checkmate's model fits: infeasible, or libra's plan (outside the model, which excludes
+        # some plans the simulator accepts), returned as merely feasible
+        try:
+            r = solve(p, budget, solver="checkmate-milp", **MILP)
+        except InfeasibleBudgetError:
+            return
+        check_plan(p, r)
+        assert r.extras["returned"] == "libra" and r.status == "feasible", r.message
     else:
         r = solve(p, budget, solver="checkmate-milp", **MILP)
         check_plan(p, r)

@@ -56,8 +56,10 @@ def test_plans_fit_and_beat_libra_and_checkmate(make, copy_steps, frac):
     r = solve(p, budget, "hybrid-milp", time_limit_s=30)
     check_plan(p, r)
     assert r.status == "optimal"
-    # the MILP's bound covers its own plan (a point of the model): a hybrid certificate, gap 0
-    assert r.bound_kind == "hybrid" and "MILP bound" in r.bound_source and r.gap <= 1e-9
+    # a hybrid certificate of the optimum, gap 0: the MILP's bound covers its own plan (a point of the
+    # model), or the returned plan runs at the compute floor
+    assert r.bound_kind == "hybrid" and r.gap <= 1e-9, (r.bound_source, r.gap)
+    assert "MILP bound" in r.bound_source or "compute floor" in r.bound_source
     others = [solve(p, budget, "libra", policy="hybrid", raise_on_infeasible=False),
               solve(p, budget, "checkmate-milp", time_limit_s=30, raise_on_infeasible=False)]
     assert any(o.success for o in others)

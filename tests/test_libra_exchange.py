@@ -149,3 +149,27 @@ def test_regenerate_early_and_free_the_input_after_the_chain():
     second recompute (1.92x).  The early shift moves the chain earlier and undoes the
     recompute the budget then does not need."""
     within_optimum(G.early_regeneration_graph(14, seed=1), (0.7,))
+
+
+@pytest.mark.parametrize("kind,n,seed,copy_steps", [("early_regeneration_graph", 30, 2, 1.0),
+                                                    ("early_regeneration_graph", 30, 4, 4.0),
+                                                    ("large_beside_small_graph", 30, 6, 4.0),
+                                                    ("large_beside_small_graph", 30, 0, 4.0),
+                                                    ("random_layered_graph", 30, 4, 1.0)])
+def test_hybrid_never_above_recompute_only(kind, n, seed, copy_steps):
+    """A recompute-only plan is a hybrid plan: hybrid libra is never costlier than recompute-only
+    libra at a budget that one meets (hybrid's portfolio holds recompute-only mode's descents and
+    baselines), with copies taking ``copy_steps`` no-remat steps to move the no-remat peak."""
+    from libra_opt.simulator import no_remat_peak
+
+    p = getattr(G, kind)(n, seed=seed)
+    bw = no_remat_peak(p) / (copy_steps * p.total_compute_s)
+    p = p.with_device(h2d_bytes_per_s=bw, d2h_bytes_per_s=bw)
+    for frac in (0.8, 0.7, 0.6, 0.5):
+        rec = solve(p, frac, "libra", policy="recompute", raise_on_infeasible=False)
+        if not rec.success:
+            continue
+        hyb = solve(p, frac, "libra", raise_on_infeasible=False)
+        assert hyb.success and hyb.added_s <= rec.added_s + 1e-9 * max(p.total_compute_s, 1.0), (frac, hyb.added_s,
+                                                                                                  rec.added_s)
+        assert_fits(p, hyb)

@@ -51,10 +51,11 @@ def test_time_limit_is_shared_among_the_portfolio_descents(problem, fake_clock):
     limit = 0.03   # 30 ticks of the fake clock: far less than the hybrid descent alone takes
     solver = LibraSolver(time_limit_s=limit)
     refs = solver._refiners(problem)
-    assert [r.opts.policy for r in refs] == ["hybrid", "recompute", "swap"]
+    policies = [r.opts.policy for r in refs]   # then recompute-only mode's extra descents
+    assert policies[:3] == ["hybrid", "recompute", "swap"] and set(policies[3:]) <= {"recompute"}
     solver._descend_all(refs, [int(0.3 * no_remat_peak(problem))])
     assert all(r.step > 0 for r in refs), [(r.opts.policy, r.step) for r in refs]
-    # each gets an equal share of what is left: about a third of the limit, none more than half
+    # each gets an equal share of what is left: none more than half the limit
     clocks = [r.clock_s() for r in refs]
     assert all(c <= limit / 2 for c in clocks), clocks
     assert sum(clocks) <= limit + 0.01
@@ -66,5 +67,5 @@ def test_a_descent_that_stops_early_leaves_its_time_to_the_others(problem, fake_
     solver._descend_all(refs, [int(0.9 * no_remat_peak(problem))])   # reached in a few steps
     shares = [r.time_limit_s - 0.0 for r in refs]
     used = [r.clock_s() for r in refs]
-    assert shares[1] >= (0.03 - used[0]) / 2 - 1e-9
-    assert shares[2] >= (0.03 - used[0] - used[1]) - 1e-9
+    for k in range(1, len(refs)):   # an equal share of what the earlier descents left
+        assert shares[k] >= (0.03 - sum(used[:k])) / (len(refs) - k) - 1e-9, (k, shares, used)

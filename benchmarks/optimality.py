@@ -206,7 +206,8 @@ def cell(row: dict) -> str:
     gp = row.get("greedy_gap")
     gaptxt = "" if not g_ok else (f", gap {gp:.1%}" if gp is not None else ", bound unknown")
     bound_added = None if gp is None else row["bound_s"] - (row["greedy_time"] - row["greedy_added"])
-    if bound_added is not None and bound_added > 0:
+    base_s = None if gp is None else row["greedy_time"] - row["greedy_added"]
+    if bound_added is not None and bound_added > 1e-9 * max(abs(base_s), 1e-30):   # else the bound says nothing of it
         gaptxt += f" (added <= {row['greedy_added'] / bound_added:.2f}x opt)"
     secs = f", {_num(row.get('greedy_solve_s'), '{:.2f}')} / {_num(row.get('exact_solve_s'), '{:.1f}')} s"
     return f"{g} / {e}{ratio}{gaptxt}{secs}"

@@ -323,6 +323,8 @@ class LibraSolver(Solver):
         o = self.options
         if o.policy == "hybrid":
             refs += [_Refiner(problem, dataclasses.replace(o, policy=pol)) for pol in ("recompute", "swap")]
+            if problem.num_nodes > self.POOL_MAX_NODES:    # large problems: the three descents only (speed)
+                return refs
             # recompute-only mode's extra descents too: a recompute-only plan is a hybrid plan, so hybrid
             # returns none costlier than recompute-only mode finds
             o = dataclasses.replace(o, policy="recompute")
@@ -407,7 +409,7 @@ class LibraSolver(Solver):
         try:
             return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
         except InfeasibleBudgetError:
-            if more:
+            if more or problem.num_nodes > self.POOL_MAX_NODES:
                 raise
             # the descents reached the budget in their estimate but no plan lowers within it: the fallbacks
             # too (as the tightening's several budgets run them), so that a stated minimum is met

@@ -127,10 +127,8 @@ def test_plan_executes_like_eager(case, solver, budget):
 
 def test_hybrid_milp_plan_executes_like_eager():
     """hybrid-milp's plan (keep / recompute / swap, exact) on a small MLP trains
-    like eager PyTorch, bitwise, within its budget (storage tracker)."""
+    like eager PyTorch, bitwise; its simulated peak is within the solver budget."""
     from torch import nn
-
-    from libra_opt.runtime.memory import TrackerMemory  # noqa: F401  (the tracker the module uses on CPU)
 
     def mlp():
         torch.manual_seed(0)

@@ -287,7 +287,7 @@ class _Refiner(Finisher):
                 self._try_merge(tl, j, e, p, m_p, limit, ok)
             if pol == REC and cur == KEEP and e.feasible and self.opts.retain and self.opts.retain_inputs:
                 self._try_retain(tl, j, e, p, m_p, limit, ok)
-            elif limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
+            if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
                 if pol == REC and cur == KEEP and self.opts.early:
                     self._try_early(tl, j, p, m_p, limit, ok)
                 mem = tl.memory() if mem is None else mem

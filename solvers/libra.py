@@ -180,7 +180,7 @@ class LibraOptions:
         every graph); on two-phase problems of up to
         ``LibraSolver.ALL_WINDOWS_MAX_NODES`` nodes (300) with ``windows="auto"``,
         a descent over every window (``windows="all"``) too.
-    retain_inputs : bool
+    retain_inputs : bool or None
         During the descent, score a recomputation whose chain would
         regenerate inputs of the producer freed after their last use also
         with those inputs kept resident until the chain (a
@@ -188,6 +188,13 @@ class LibraOptions:
         and fits under the peak (the ``retain`` pass does this only after
         the descent, so the descent would not see the cheaper option).
         Only with ``retain``: ``retain=False`` plans no retention at all.
+        ``None`` (the default): on problems of at most
+        ``LibraSolver.RETAIN_INPUTS_MAX_NODES`` nodes (1,000), where the
+        portfolio also runs a descent with the other setting.  On larger
+        ones the variant holds inputs at memory just under the current peak
+        over long spans, and the descent stalls above budgets it otherwise
+        meets (``h100_gpt2-medium_b8`` at 0.3 of its peak: stated infeasible,
+        0.44 of the peak, with it; planned at 0.054 s added without it).
     portfolio : bool
         Hybrid mode only: also refine with recomputation only and with
         swapping only, and return the cheapest of the three plans (estimated
@@ -217,7 +224,7 @@ class LibraOptions:
     retain: bool = True
     exchange: bool = True
     merge: bool = False
-    retain_inputs: bool = True
+    retain_inputs: bool | None = None
     portfolio: bool = True
 
     def __post_init__(self):
@@ -317,10 +324,10 @@ class LibraSolver(Solver):
         (greedy descents are not monotone in their moves: each of these wins
         on some graphs); ``merge=False`` leaves that one out (the tightening:
         a budget a subset of the descents meets, a solve meets too)."""
-        refs = [_Refiner(problem, self.options)]
-        if not self.options.portfolio or self.options.policy == "swap":
+        o = self._resolved(problem)
+        refs = [_Refiner(problem, o)]
+        if not o.portfolio or o.policy == "swap":
             return refs
-        o = self.options
         if o.policy == "hybrid":
             refs += [_Refiner(problem, dataclasses.replace(o, policy=pol)) for pol in ("recompute", "swap")]
             if problem.num_nodes > self.POOL_MAX_NODES:    # large problems: the three descents only (speed)
@@ -335,6 +342,14 @@ class LibraSolver(Solver):
         if o.windows == "auto" and base.mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
             refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
         return refs
+
+    def _resolved(self, problem: RematProblem) -> LibraOptions:
+        """The options with ``retain_inputs=None`` resolved for ``problem``'s
+        size (:attr:`RETAIN_INPUTS_MAX_NODES`)."""
+        o = self.options
+        if o.retain_inputs is None:
+            o = dataclasses.replace(o, retain_inputs=problem.num_nodes <= self.RETAIN_INPUTS_MAX_NODES)
+        return o
 
     def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
                    snaps: list[dict], force: bool = False) -> tuple[list[_Refiner], list[dict]]:
@@ -423,6 +438,9 @@ class LibraSolver(Solver):
     #: nodes (building their plans costs seconds on thousands of nodes); on larger ones only where no
     #: descent meets the budget
     POOL_MAX_NODES = 1000
+    #: ``retain_inputs=None`` scores retained chain inputs during the descents on problems of at most
+    #: this many nodes (see ``LibraOptions.retain_inputs``)
+    RETAIN_INPUTS_MAX_NODES = 1000
     #: recompute-only mode's portfolio adds a descent over every eviction window (``windows="all"``) on
     #: two-phase problems of at most this many nodes (the default windows miss gaps inside a phase)
     ALL_WINDOWS_MAX_NODES = 300
@@ -437,21 +455,31 @@ class LibraSolver(Solver):
     TIGHTEN_REL = 0.01
     _tight_detail = "the smallest budget it plans, verified"
 
-    def _first_planned(self, problem: RematProblem, budgets: list[int], pool: _BaselinePool | None) -> int | None:
-        """The smallest of ``budgets`` a solve meets, from one set of descents
-        recording all of them (as :meth:`solve_many`; equal to single solves),
-        or ``None``."""
+    def _first_planned(self, problem: RematProblem, budgets: list[int],
+                       pool: _BaselinePool | None) -> tuple[int | None, int | None]:
+        """The smallest of ``budgets`` found met, by bisection, from one set
+        of descents recording all of them (as :meth:`solve_many`; equal to
+        single solves), and the highest budget tried and found not met below
+        it (``None``: none was tried there).  ``(None, highest tried)`` where
+        none is met.  Bisection lowers at most ``log2(len(budgets)) + 1``
+        budgets (each one the finish step of every descent: seconds on
+        thousands of nodes) where a scan from the smallest lowered all the
+        infeasible ones; where being met is not monotone in the budget, the
+        budget it returns is still one a solve meets."""
         refs = self._refiners(problem, merge=False)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
         refs, snaps = refs + more, snaps + more_snaps
-        for b in sorted(budgets):
+        grid = sorted(budgets)
+        lo, hi, failed = -1, len(grid), None      # grid[hi] met (hi == len: none found yet); grid[lo] not met
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
             try:
-                self._plan(refs, [s.get(b) for s in snaps], b, pool, exchange=False)   # feasibility only
-                return b
+                self._plan(refs, [s.get(grid[mid]) for s in snaps], grid[mid], pool, met_only=True)
+                hi = mid
             except InfeasibleBudgetError:
-                continue
-        return None
+                lo, failed = mid, grid[mid]
+        return (grid[hi] if hi < len(grid) else None), failed
 
     def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError,
                    pool: _BaselinePool | None) -> InfeasibleBudgetError:
@@ -463,8 +491,8 @@ class LibraSolver(Solver):
         meets.  Each round plans a geometric grid of :attr:`TIGHTEN_GRID`
         budgets from the highest budget known infeasible (at least the memory
         floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
-        known plannable, from one set of descents, and keeps the smallest one
-        met; at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
+        known plannable, from one set of descents, and finds the smallest one
+        met by bisection (:meth:`_first_planned`); at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
         Where the stated minimum itself is not met, the next round looks
         above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
@@ -479,14 +507,13 @@ class LibraSolver(Solver):
             k = self.TIGHTEN_GRID
             grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
                                                      * i / k))), lo + 1), hi) for i in range(1, k + 1)})
-            found = self._first_planned(problem, grid, pool)
+            found, failed = self._first_planned(problem, grid, pool)
             if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
                 if hi >= peak:
                     break
                 lo, hi = hi, peak
                 continue
-            below = [g for g in grid if g < found]
-            lo, hi, verified = max([lo] + below), found, True
+            lo, hi, verified = max(lo, failed if failed is not None else lo), found, True
         if not verified:
             return err
         return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
@@ -502,7 +529,7 @@ class LibraSolver(Solver):
         return None
 
     def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
-              pool: _BaselinePool | None = None, exchange: bool = True) -> RawSolution:
+              pool: _BaselinePool | None = None, met_only: bool = False) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
         the end of a descent (with, then without the undo pass).  With a
@@ -511,9 +538,13 @@ class LibraSolver(Solver):
         budget, ``swap-all``'s or ``checkpoint-all``'s (the least memory of
         each policy) and, where one of them meets it, the cheapest of every
         baseline's that does (recompute-only mode: see ``LibraOptions.portfolio``).
-        ``exchange=False`` leaves exchange moves out (the tightening, which
-        only asks whether a budget is met)."""
-        found = self._libra_plan(refs, snaps, budget, exchange)
+        ``met_only``: only whether the budget is met (the tightening): the
+        first plan found within it, without exchange moves or the passes
+        that only save time (``polish=False`` of ``_Refiner.prepare``), and
+        the baselines only where no descent meets it."""
+        found = self._libra_plan(refs, snaps, budget, met_only)
+        if met_only and found is not None:
+            return found
         recompute = self.options.policy == "recompute"
         if pool is not None and budget >= pool.floor:
             small = pool.problem.num_nodes <= self.POOL_MAX_NODES
@@ -538,15 +569,16 @@ class LibraSolver(Solver):
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))
 
-    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int, exchange: bool = True
+    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int, met_only: bool = False
                     ) -> RawSolution | None:
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
+        polish = not met_only
         cands = []
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
             if snap is not None:
-                prepared = ref.prepare(snap, budget, exchange=False)
+                prepared = ref.prepare(snap, budget, exchange=False, polish=polish)
                 cands.append((prepared[0].added_s(), k, prepared))
-        if self.options.exchange and exchange and cands:
+        if self.options.exchange and polish and cands:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
             # (the plans without them stay candidates: the estimate can drift from the simulation)
             top = min(c[0] for c in cands)
@@ -558,7 +590,8 @@ class LibraSolver(Solver):
         best = None
         cands.sort(key=lambda c: c[:2])
         for i, (est, k, prepared) in enumerate(cands):
-            if best is not None and est >= best[0].simulation.added_s and not prepared[0].swap.pessimistic:
+            if best is not None and (met_only or est >= best[0].simulation.added_s
+                                     and not prepared[0].swap.pessimistic):
                 break   # its estimate is not pessimistic and already no better than a simulated plan
             plan = refs[k].realize(prepared, snaps[k], budget)
             if plan is None:
@@ -570,18 +603,22 @@ class LibraSolver(Solver):
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
-                plan = (ref.finish(final, budget) or ref.finish(final, budget, undo=False, repair=False)
+                plan = (ref.finish(final, budget, polish=polish) or ref.finish(final, budget, undo=False, repair=False)
                         or ref.as_lowered(final))   # the plan min_feasible_bytes measured
                 return self._raw(plan, ref.opts.policy)
         # the end of a descent over the budget as it is can fit once the undo pass gives back the
         # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
         for ref in refs:
             final = ref.final()
-            prepared = ref.prepare(final, budget, exchange=False)
-            if prepared[0].peak()[0] <= budget:
+            prepared = ref.prepare(final, budget, exchange=False, polish=False)
+            if prepared[0].peak()[0] <= budget:   # the passes that save time keep it within the budget
+                if polish:
+                    prepared = ref.prepare(final, budget, exchange=False)
                 plan = ref.realize(prepared, final, budget)
                 if plan is not None and (best is None or plan.simulation.added_s < best[0].simulation.added_s):
                     best = (plan, ref)
+                    if met_only:
+                        break
         if best is not None:
             return self._raw(best[0], best[1].opts.policy)
         return None

@@ -89,12 +89,16 @@ class Finisher:
             self.cost, self.hid_lo, self.hid_hi = now
 
     # ------------------------------------------------------------- finish
-    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None
-                ) -> tuple[Timeline, dict, int]:
+    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+                polish: bool = True) -> tuple[Timeline, dict, int]:
         """The snapshot's timeline after the undo pass: decisions the budget
         does not need are undone, most expensive first (estimate only); then,
         with ``exchange`` (``None``: the ``exchange`` option), exchange moves
-        (:mod:`~libra_opt.solvers.libra_exchange`)."""
+        (:mod:`~libra_opt.solvers.libra_exchange`).  ``polish=False`` leaves
+        out the passes that only save time within the budget (regenerated
+        storages kept, retained inputs, the early shift): for a caller that
+        only asks whether the budget is met, as each of them keeps the
+        estimated peak within it."""
         tl = snap.timeline.copy()
         records = dict(snap.records)
         undone = 0
@@ -103,8 +107,9 @@ class Finisher:
             if self.opts.exchange if exchange is None else exchange:
                 with self._caches_of(snap):   # as at the snapshot: solve_many equals solve
                     tl, records, _ = exchange_moves(self, tl, records, budget, snap.evals)
-            self._keep_regenerated(tl, records, budget)
-        if self.opts.retain and self.allow_rec:
+            if polish:
+                self._keep_regenerated(tl, records, budget)
+        if self.opts.retain and self.allow_rec and polish:
             self._retain_inputs(tl, budget)
             if self.opts.undo and undo and self.opts.early:
                 tl, records = self._early_shift(tl, records, budget)
@@ -270,9 +275,10 @@ class Finisher:
             self._commit(mv, q, int(sim.peak_bytes), tl, records, REASON_REPAIR)
         return None
 
-    def finish(self, snap: _Snapshot, budget: int, undo: bool = True, repair: bool = True) -> _Plan | None:
+    def finish(self, snap: _Snapshot, budget: int, undo: bool = True, repair: bool = True,
+               polish: bool = True) -> _Plan | None:
         """:meth:`prepare` then :meth:`realize`."""
-        return self.realize(self.prepare(snap, budget, undo), snap, budget, repair)
+        return self.realize(self.prepare(snap, budget, undo, polish=polish), snap, budget, repair)
 
     def _repair_move(self, tl: Timeline, q: int, budget: int) -> _Move | None:
         idx = self.candidates(tl, q)

@@ -10,6 +10,7 @@ each kind are listed with their seeds so they can be replayed:
 
     python benchmarks/fuzz_solvers.py                       # 10,000 cases, fast solvers
     python benchmarks/fuzz_solvers.py --cases 500 --checkmate --checkmate-time-limit 5
+    python benchmarks/fuzz_solvers.py --exact-only --checkmate-time-limit 2 -o results/fuzz_exact.md
     python -c "from libra_opt.fuzz import *; p = random_problem(SEED); print(check_case(p, random_budget(p, SEED), 'swap-all'))"
 
 Exit status 1 when any solver had an internal error or a ``SolverError``.
@@ -30,9 +31,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=10_000, help="number of cases (default 10,000)")
     ap.add_argument("--start", type=int, default=0, help="first seed (default 0)")
-    ap.add_argument("--checkmate", action="store_true", help="also run checkmate-lp and checkmate-milp")
+    ap.add_argument("--checkmate", action="store_true",
+                    help="also run the exact solvers: checkmate-lp, checkmate-milp and hybrid-milp")
+    ap.add_argument("--exact-only", action="store_true", help="only the exact solvers (implies --checkmate)")
     ap.add_argument("--checkmate-time-limit", type=float, default=10.0,
-                    help="time_limit_s of the Checkmate solvers, seconds (default 10)")
+                    help="time_limit_s of the exact solvers, seconds (default 10)")
     ap.add_argument("--show", type=int, default=3, help="failures listed per solver and kind (default 3)")
     ap.add_argument("-o", "--output", default=str(RESULTS / "fuzz_solvers.md"),
                     help="also write the summary here (default benchmarks/results/fuzz_solvers.md; '' for none)")
@@ -44,10 +47,10 @@ def main(argv=None) -> int:
     from libra_opt.fuzz import (FAST_SOLVERS, INFEASIBLE, INTERNAL_ERROR, PLAN, SOLVER_ERROR, check_case,
                                 random_budget, random_problem)
 
-    solvers = list(FAST_SOLVERS)
-    if args.checkmate:
-        solvers += [("checkmate-lp", {"time_limit_s": args.checkmate_time_limit}),
-                    ("checkmate-milp", {"time_limit_s": args.checkmate_time_limit})]
+    solvers = [] if args.exact_only else list(FAST_SOLVERS)
+    if args.checkmate or args.exact_only:
+        solvers += [(name, {"time_limit_s": args.checkmate_time_limit})
+                    for name in ("checkmate-lp", "checkmate-milp", "hybrid-milp")]
     labels = [name + (f" ({o['policy']})" if "policy" in o else "") for name, o in solvers]
     counts = {lab: collections.Counter() for lab in labels}
     seconds = collections.Counter()

@@ -15,15 +15,20 @@ returned plan.
 
 Instances: ``vgg16_b256_train`` and ``random_layered_n100`` from ``GRAPHS``
 (Moccasin's export of the Checkmate graphs, GPL-3.0, not in this repository:
-pass their folder), ``problems/`` instances under ``--max-nodes`` nodes, and
-random layered graphs of ``--generate`` sizes (:mod:`libra_opt.generators`,
-seed 0).
+pass their folder), ``problems/`` instances under ``--max-nodes`` nodes,
+random layered graphs of ``--generate`` sizes, and the two patterns of issue
+16 at ``--patterns`` sizes (:func:`~libra_opt.generators.large_beside_small_graph`:
+one large, costly activation beside several small, cheap ones;
+:func:`~libra_opt.generators.early_regeneration_graph`: a storage regenerated
+early and read by another's regeneration), all from :mod:`libra_opt.generators`,
+seed 0.
 
 Usage::
 
     python benchmarks/hybrid_optimality.py GRAPHS                       # everything, 600 s per MILP
     python benchmarks/hybrid_optimality.py GRAPHS --only vgg16 --budgets 0.8 --bandwidths 1 --time-limit 120
     python benchmarks/hybrid_optimality.py --generate 30,60,100 --time-limit 60
+    python benchmarks/hybrid_optimality.py --patterns 30,100 --max-nodes 0
 
 Writes ``benchmarks/results/hybrid_optimality.csv`` (``--out``), one row per
 solve as it finishes, and prints progress.
@@ -57,13 +62,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mip-gap", type=float, default=1e-4, help="relative gap at which the MILP stops")
     p.add_argument("--max-nodes", type=int, default=100, help="problems/ instances up to this many nodes")
     p.add_argument("--generate", default="", metavar="N1,N2,...", help="random layered graphs of these sizes")
+    p.add_argument("--patterns", default="", metavar="N1,N2,...",
+                   help="issue 16's two pattern graphs (large_beside_small, early_regeneration) of these sizes")
     p.add_argument("--out", default=str(RESULTS / "hybrid_optimality.csv"))
     return p.parse_args(argv)
 
 
 def instances(args) -> list:
     """``(name, problem)`` pairs to run."""
-    from libra_opt.generators import random_layered_graph
+    from libra_opt.generators import early_regeneration_graph, large_beside_small_graph, random_layered_graph
     from libra_opt.importers import load_problem_any
 
     out = []
@@ -80,6 +87,9 @@ def instances(args) -> list:
             out.append((path.name.split(".")[0], p))
     for n in [int(x) for x in args.generate.split(",") if x.strip()]:
         out.append((f"random_layered_gen_n{n}", random_layered_graph(n, seed=0)))
+    for n in [int(x) for x in args.patterns.split(",") if x.strip()]:
+        out.append((f"large_beside_small_n{n}", large_beside_small_graph(n, seed=0)))
+        out.append((f"early_regeneration_n{n}", early_regeneration_graph(n, seed=0)))
     if args.only:
         out = [(n, p) for n, p in out if any(o in n for o in args.only)]
     return out

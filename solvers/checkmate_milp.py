@@ -63,8 +63,11 @@ ORTOOLS_SOLVERS = ("auto", "SCIP", "CBC")
 
 
 @dataclass(frozen=True)
-class CheckmateMILPOptions:
-    """Options of ``checkmate-milp``.
+class MIPOptions:
+    """Options every MILP solver here takes (``checkmate-milp``,
+    ``hybrid-milp``), checked by :func:`check_mip_options`; each solver's
+    options subclass this and say what ``warm_start`` and ``libra_hint``
+    give it.
 
     Attributes
     ----------
@@ -74,6 +77,37 @@ class CheckmateMILPOptions:
         The MIP engine behind OR-Tools; ``"auto"`` takes SCIP if built in,
         else CBC.  (OR-Tools 9.15's HiGHS interface crashes when given a
         starting solution, so it is not offered.)
+    time_limit_s : float
+        Wall-clock limit of the whole solve (starting plans included; the
+        MILP itself gets what is left, at least 1 s), seconds.
+    mip_gap : float
+        Relative optimality gap at which the solve stops (0.0001 = 0.01 %).
+    warm_start : bool
+        Give the MILP a starting solution.
+    libra_hint : bool
+        Run libra at the budget first for a starting solution and a fallback plan.
+    threads : int or None
+        Solver threads; None for the backend's default.
+    verbose : bool
+        Let the backend print its log.
+    """
+
+    backend: str = "ortools"
+    ortools_solver: str = "auto"
+    time_limit_s: float = 60.0
+    mip_gap: float = 1e-4
+    warm_start: bool = True
+    libra_hint: bool = True
+    threads: int | None = None
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class CheckmateMILPOptions(MIPOptions):
+    """Options of ``checkmate-milp``: those of :class:`MIPOptions`, with
+
+    Attributes
+    ----------
     time_limit_s : float
         Wall-clock limit of the whole solve (warm start included; the MILP
         itself gets what is left, at least 1 s), seconds.
@@ -92,8 +126,6 @@ class CheckmateMILPOptions:
         Run libra (recompute-only) at the budget first: its plan is a
         starting solution (mapped to ``R``/``S``) and the plan returned when
         the MILP ends worse or without a solution.
-    threads : int or None
-        Solver threads; None for the backend's default.
     coarsen : "auto", "none" or int
         ``"auto"``: coarsen problems with more than ``max_nodes`` nodes to
         ``max_nodes``; an int: coarsen to that many nodes; ``"none"``: never.
@@ -103,21 +135,11 @@ class CheckmateMILPOptions:
         ``S`` per value = outputs of a node with the same users (``"tensor"``,
         exact) or per node (``"node"``, Checkmate's; fewer variables).
         ``"auto"``: ``"tensor"`` unless the problem was coarsened.
-    verbose : bool
-        Let the backend print its log.
     """
 
-    backend: str = "ortools"
-    ortools_solver: str = "auto"
-    time_limit_s: float = 60.0
-    mip_gap: float = 1e-4
-    warm_start: bool = True
-    threads: int | None = None
     coarsen: str | int = "auto"
     max_nodes: int = 100
     values: str = "auto"
-    verbose: bool = False
-    libra_hint: bool = True
 
 
 def check_mip_options(o, solver: str) -> None:
@@ -597,4 +619,4 @@ def _solve_pulp(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMI
     return _MipResult(None, "no_solution", None, None, hit, "pulp-CBC")
 
 
-__all__ = ["CheckmateMILPSolver", "CheckmateMILPOptions"]
+__all__ = ["CheckmateMILPSolver", "CheckmateMILPOptions", "MIPOptions"]

@@ -58,7 +58,7 @@ from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, 
 
 from .base import Solver
 from .certificates import HYBRID, Bound, compute_floor_s, floor_bound, model_covers
-from .checkmate_milp import _MipResult, _solve_ortools, _solve_pulp, check_mip_options
+from .checkmate_milp import MIPOptions, _MipResult, _solve_ortools, _solve_pulp, check_mip_options
 from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, schedule_from_rs, solve_r_opt
 from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
 from .registry import register_solver
@@ -70,46 +70,27 @@ __all__ = ["HybridMILPSolver", "HybridMILPOptions"]
 
 
 @dataclass(frozen=True)
-class HybridMILPOptions:
-    """Options of ``hybrid-milp``.
+class HybridMILPOptions(MIPOptions):
+    """Options of ``hybrid-milp``: those of
+    :class:`~libra_opt.solvers.checkmate_milp.MIPOptions` (backend,
+    ortools_solver, time_limit_s, mip_gap, threads, verbose), with
 
     Attributes
     ----------
-    backend : {"ortools", "pulp"}
-        ``"ortools"``: OR-Tools (SCIP or CBC); ``"pulp"``: PuLP with its CBC.
-    ortools_solver : {"auto", "SCIP", "CBC"}
-        The MIP engine behind OR-Tools; ``"auto"``: SCIP if built in, else CBC.
-    time_limit_s : float
-        Wall-clock limit of the whole solve (libra's plans included; the
-        MILP gets what is left, at least 1 s), seconds.
-    mip_gap : float
-        Relative optimality gap at which the MILP stops (0.0001 = 0.01 %).
     warm_start : bool
         Give the MILP the cheapest starting plan that fits the model.
     libra_hint : bool
         Run libra (hybrid and recompute-only) at the budget first: starting
         solutions, and the plan returned when the MILP ends worse or without
         a plan.
-    threads : int or None
-        Solver threads; None for the backend's default.
     max_nodes : int
         Largest problem accepted (nodes); the model is never coarsened.
     values : {"tensor", "node"}
         Value granularity (:meth:`~libra_opt.solvers.checkmate_model.CheckmateGraph.from_problem`).
-    verbose : bool
-        Let the backend print its log.
     """
 
-    backend: str = "ortools"
-    ortools_solver: str = "auto"
-    time_limit_s: float = 60.0
-    mip_gap: float = 1e-4
-    warm_start: bool = True
-    libra_hint: bool = True
-    threads: int | None = None
     max_nodes: int = 250
     values: str = "tensor"
-    verbose: bool = False
 
 
 @register_solver("hybrid-milp")

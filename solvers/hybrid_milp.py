@@ -59,7 +59,7 @@ from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, 
 from .base import Solver
 from .certificates import HYBRID, Bound, compute_floor_s, floor_bound, model_covers
 from .checkmate_milp import MIPOptions, _MipResult, _solve_ortools, _solve_pulp, check_mip_options
-from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, schedule_from_rs, solve_r_opt
+from .checkmate_plan import Candidate, CheckmateSetup, no_remat_solution, schedule_from_rs, solve_r_opt
 from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
 from .registry import register_solver
 from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
@@ -131,11 +131,10 @@ class HybridMILPSolver(Solver):
                                     f"{o.max_nodes}; the model (O(n^2) variables) is never coarsened, since a "
                                     f"coarse model's bound would not bound the problem: raise max_nodes or use "
                                     f"checkmate-milp / libra")
-        trivial = no_remat_if_fits(problem, budget_bytes)
+        trivial = no_remat_solution(problem, budget_bytes, self.name,
+                                    message="the no-remat plan fits the budget (nothing to evict)")
         if trivial is not None:
-            trivial.meta.update({"solver": self.name})
-            return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
-                               message="the no-remat plan fits the budget (nothing to evict)")
+            return trivial
         deadline = time.perf_counter() + o.time_limit_s
         setup = CheckmateSetup(problem, "none", problem.num_nodes, self.name, o.values, budget_bytes=budget_bytes)
         g = setup.graph

@@ -587,9 +587,9 @@ def part_sweep(families, model: str, seq: int, env: Env, store: Store, batch: in
     """Budget against step-time overhead at ``batch`` (no cap: the budget is
     the constraint); each row stored as soon as it is measured, keyed by
     (batch, method, setting)."""
-    from libra_opt.capture import build_problem, capture
+    from libra_opt.capture import capture
     from libra_opt.costs import for_executor
-    from libra_opt.profiling import device_profile, profile_step
+    from libra_opt.profiling import problem_of
     from libra_opt.simulator import no_remat_peak
     from libra_opt.solvers import solve
 
@@ -637,9 +637,8 @@ def part_sweep(families, model: str, seq: int, env: Env, store: Store, batch: in
         return
     zm = fresh()
     step = capture(zm.model, zm.args, zm.kwargs, autocast_dtype=env.autocast, loss_fn=zm.loss_fn)
-    measured = profile_step(step, progress=False)
-    problem = build_problem(step, times=measured["times"], workspace=measured["workspace"],
-                            device=device_profile(step.device), optimizer="adam")
+    problem = problem_of(step, optimizer="adam")
+    measured = problem.provenance.extra["profile"]
     fixed = problem.fixed.resident_bytes
     peak0 = no_remat_peak(problem)
     for m in libra:

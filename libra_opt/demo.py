@@ -7,7 +7,7 @@ weights (nothing is downloaded):
    deep copy of it, the eager reference (same seed, same weights);
 2. **profile** one training step: capture the joint forward+backward graph
    (:func:`libra_opt.capture.capture`), time every op on the device
-   (:func:`libra_opt.profiling.profile_step`), build the
+   and measure the device (:func:`libra_opt.profiling.problem_of`), build the
    :class:`~libra_opt.problem.RematProblem`;
 3. **solve**: plan within the budget (default 50 % of the no-remat peak) with
    the chosen solver (default ``libra``);
@@ -499,8 +499,8 @@ def run_demo(config: DemoConfig | None = None, *, progress: Callable[[str, str],
     with ``rtol``; the planned and eager models start from the same weights
     (a deep copy made before capture).
     """
-    from .capture import build_problem, capture
-    from .profiling import device_profile, profile_step
+    from .capture import capture
+    from .profiling import problem_of
     from .runtime.module import OptimizedModule
     from .schedule import no_remat_schedule
     from .simulator import simulate
@@ -524,10 +524,7 @@ def run_demo(config: DemoConfig | None = None, *, progress: Callable[[str, str],
     step = capture(zm.model, zm.args, zm.kwargs, autocast_dtype=cfg.autocast_dtype, loss_fn=zm.loss_fn)
     # a CPU is slow and steady: fewer passes keep the demo under two minutes on two cores
     passes = dict(warmup=2, repeats=5) if dev.type == "cuda" else dict(warmup=1, repeats=3)
-    measured = profile_step(step, progress=False, **passes)
-    dprof = device_profile(step.device)
-    problem = build_problem(step, times=measured["times"], workspace=measured["workspace"], device=dprof,
-                            optimizer="adam")
+    problem = problem_of(step, optimizer="adam", **passes)
     reference = simulate(problem)
     stage_s["profile"] = time.perf_counter() - t0
     say("profile", f"{len(problem.nodes)} ops, no-remat peak {format_bytes(reference.peak_bytes)}, "
@@ -608,7 +605,7 @@ def run_demo(config: DemoConfig | None = None, *, progress: Callable[[str, str],
         plot_path = str(cfg.plot)
 
     return DemoReport(
-        config=cfg, description=zm.description, device_name=dprof.name,
+        config=cfg, description=zm.description, device_name=problem.device.name,
         no_remat_peak_bytes=int(reference.peak_bytes), budget_bytes=int(budget),
         planned_peak_bytes=int(plan.peak_bytes), measured_peak_bytes=peak_p, eager_measured_peak_bytes=peak_e,
         measured_note=note, fixed_bytes=int(problem.fixed.resident_bytes),

@@ -2,9 +2,11 @@
 by instruction, in the shape of ``torch.fx.Interpreter``: one dispatch on the
 opcode, one method per instruction for subclasses to override.
 
-The simulator and the runtime's executor are subclasses.  A failure inside a
-step is re-raised as :class:`~libra_opt.errors.ScheduleError` naming the
-instruction (index and text).
+The simulator (:class:`~libra_opt.simulator.Simulator`) and the runtime's
+lowering to FX graphs (``runtime.partition``: the graph emitter and the
+saved-values liveness pass) are subclasses.  A failure inside a step is
+re-raised as :class:`~libra_opt.errors.ScheduleError` naming the instruction
+(index and text).
 """
 from __future__ import annotations
 
@@ -63,12 +65,28 @@ class ScheduleInterpreter:
         ScheduleError
             A step failed; the message names the instruction.
         """
-        steps = (self.compute, self.free, self.swap_out, self.swap_in, self.wait)
-        nt, nn = len(self.problem.tensors), len(self.problem.nodes)
         self.start()
         instrs = schedule.instructions if stop is None else schedule.instructions[:stop]
+        self.walk(instrs)
+        self.index = len(instrs)
+        return self.finish() if stop is None else None
+
+    def walk(self, instructions, first: int = 0) -> None:
+        """Dispatch each of ``instructions`` (numbered from ``first``: the
+        position of the first one in its schedule) to its handler, with
+        :attr:`index` set to that position; no :meth:`start` / :meth:`finish`
+        (for a subclass that runs a schedule in parts).
+
+        Raises
+        ------
+        ScheduleError
+            An argument is not a node / tensor id, or a step failed; the
+            message names the instruction.
+        """
+        steps = (self.compute, self.free, self.swap_out, self.swap_in, self.wait)
+        nt, nn = len(self.problem.tensors), len(self.problem.nodes)
         compute = Op.COMPUTE
-        for k, ins in enumerate(instrs):
+        for k, ins in enumerate(instructions, first):
             self.index = k
             op, arg = ins
             if not 0 <= arg < (nn if op == compute else nt):
@@ -81,8 +99,6 @@ class ScheduleInterpreter:
                 if e.index is not None:
                     raise
                 raise type(e)(str(e), k, ins.describe(self.problem)) from None
-        self.index = len(instrs)
-        return self.finish() if stop is None else None
 
     def fail(self, message: str, cls=ScheduleError):
         """Raise ``cls(message)``; :meth:`run` adds the instruction."""

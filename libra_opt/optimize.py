@@ -12,7 +12,6 @@ Source: the pipeline of ``DESIGN.md`` ("The shape").
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
 import time
@@ -23,50 +22,19 @@ import torch
 from torch import nn
 
 from . import CallableModule
-from .capture import CapturedStep, build_problem, capture
+from .capture import CapturedStep, capture
 from .plan_cache import DEFAULT_MAX_SHAPES
 from .problem import RematProblem
-from .runtime.memory import configure_allocator, release_cached
+from .profiling import UNIT_TIME_S, problem_of  # noqa: F401  (public here too: the one model-to-problem pipeline)
+from .runtime.memory import configure_allocator
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["optimize", "problem_of"]
 
-#: compute time given to every op when the step is not profiled (seconds)
-UNIT_TIME_S = 1e-6
 #: steps measured per plan by ``calibrate``: the second starts from the cache the first left (the steady
 #: state, where the caching allocator hands out larger cached blocks than asked for)
 CALIBRATION_STEPS = 2
-
-
-def problem_of(step: CapturedStep, *, optimizer: str = "adam", profile: bool = True) -> RematProblem:
-    """The problem of a captured step: profiled on its device with
-    :func:`libra_opt.profiling.profile_step` when ``profile`` (and the
-    profiling module is present), else with every op timed
-    :data:`UNIT_TIME_S` seconds and no workspace.
-
-    Raises
-    ------
-    ProfilingError
-        An op fails while profiling.
-    """
-    if profile:
-        try:
-            from .profiling import device_profile, profile_step, profile_summary
-        except ImportError:  # pragma: no cover - profiling is written in parallel
-            logger.warning("libra_opt.profiling is not available; planning with unit op times")
-        else:
-            t0 = time.perf_counter()
-            measured = profile_step(step, progress=False)
-            logger.info("profiled %s in %.1f s", step.model_name, time.perf_counter() - t0)
-            release_cached(step.device)   # what profiling the unplanned step reserved goes back to the driver
-            problem = build_problem(step, times=measured["times"], workspace=measured["workspace"],
-                                    device=device_profile(step.device), optimizer=optimizer)
-            prov = problem.provenance  # the calibration and spread of the profile (profiling.profile_step)
-            return problem.replace(provenance=dataclasses.replace(
-                prov, extra={**prov.extra, "profile": profile_summary(measured)}))
-    times = {n.name: UNIT_TIME_S for n in step.joint.graph.nodes if n.op == "call_function"}
-    return build_problem(step, times=times, optimizer=optimizer)
 
 
 def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", example_kwargs: dict | None = None,

@@ -4,11 +4,16 @@
 :class:`~libra_opt.capture.CapturedStep` node by node on real tensors (the
 captured primals and tangents) with a :class:`torch.fx.Interpreter`
 subclass, and returns each node's compute time (median over repeats, seconds)
-and transient workspace (bytes).  :func:`profile` is the whole pipeline:
-capture -> profile -> :func:`~libra_opt.capture.build_problem`, giving a
+and transient workspace (bytes).  :func:`problem_of` is the whole
+model-to-problem pipeline (capture -> profile -> device profile ->
+:func:`~libra_opt.capture.build_problem`), giving a
 :class:`~libra_opt.problem.RematProblem` with a measured
 :class:`~libra_opt.problem.DeviceProfile` and a
-:class:`~libra_opt.problem.Provenance`.
+:class:`~libra_opt.problem.Provenance`; :func:`optimize
+<libra_opt.optimize.optimize>`, the demo, the benchmarks and :func:`profile`
+(which also takes a model by name or a model spec such as a
+:class:`~libra_opt.zoo.ZooModel`) all go through it.  This module does not
+import the zoo: a model name is resolved by :data:`NAME_BUILDER`.
 
 How it measures (``DESIGN.md``, "Measuring"):
 
@@ -49,7 +54,10 @@ per-op time).
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import gc
+import importlib
 import logging
 import math
 import operator
@@ -70,15 +78,25 @@ from .problem import DeviceProfile, Provenance, RematProblem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .capture import CapturedStep
-    from .zoo import ZooModel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ProfilingError", "profile_step", "profile", "measure_bandwidth", "measure_memory_bandwidth",
-           "device_profile", "profile_agreement", "profile_summary", "OPTIMIZERS"]
+__all__ = ["ProfilingError", "problem_of", "profile_step", "profile", "measure_bandwidth",
+           "measure_memory_bandwidth", "device_profile", "profile_agreement", "profile_summary", "OPTIMIZERS",
+           "UNIT_TIME_S", "NAME_BUILDER"]
 
 #: optimizers whose state :func:`~libra_opt.capture.build_problem` accounts for
 OPTIMIZERS = ("none", "sgd", "adam", "adamw")
+
+#: compute time given to every op when a step is not profiled (seconds; :func:`problem_of` with ``profile=False``)
+UNIT_TIME_S = 1e-6
+
+#: how :func:`profile` builds a model given by name: ``"module:callable"``, imported on first use and
+#: called as ``builder(name, batch, seq, device=..., dtype=...)``; it returns a model spec (attributes
+#: ``model``, ``args``, ``kwargs``, ``loss_fn``, ``name``, ``batch``, ``seq``, ``description``, as
+#: :class:`~libra_opt.zoo.ZooModel` has).  The zoo, an application of this module, is the default; this
+#: module never imports it.
+NAME_BUILDER = "libra_opt.zoo:build_model"
 
 #: the CUDA caching allocator rounds every block up to a multiple of this (bytes)
 _CUDA_BLOCK = 512
@@ -639,23 +657,142 @@ def _model_device(model: nn.Module, args, kwargs) -> torch.device:
     return torch.device("cpu")
 
 
-def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs: dict | None = None, *,
+def problem_of(model: "nn.Module | CapturedStep", example_inputs: Any = (), example_kwargs: dict | None = None,
+               *, loss_fn: Callable[[Any], torch.Tensor] | None = None,
+               autocast_dtype: torch.dtype | None = None, optimizer: str = "adam", profile: bool = True,
+               warmup: int = 2, repeats: int = 5, progress: bool = False, calibrate: bool = True,
+               name: str | None = None) -> RematProblem:
+    """The :class:`RematProblem` of one training step of ``model``: capture,
+    profile, device profile, build.  Every model-to-problem caller (``optimize``,
+    :func:`profile`, the demo, ``benchmarks/headline.py``) uses this.
+
+    Parameters
+    ----------
+    model : nn.Module or CapturedStep
+        A model (captured here with :func:`libra_opt.capture.capture`, with
+        ``example_inputs`` / ``example_kwargs`` / ``loss_fn`` /
+        ``autocast_dtype``), or a step already captured (then leave those out).
+    example_inputs : tensor or tuple
+        Positional inputs of one step (a lone tensor is one input).
+    example_kwargs : dict, optional
+    loss_fn : callable, optional
+        ``loss_fn(output) -> scalar`` (default: the output is differentiated
+        with ones as tangents).
+    autocast_dtype : torch.dtype, optional
+        Capture under ``torch.autocast`` with this dtype (mixed precision).
+    optimizer : {"none", "sgd", "adam", "adamw"}
+        Optimizer whose state is counted in the fixed memory (sgd: 1x,
+        adam/adamw: 2x the trainable parameters' bytes).
+    profile : bool
+        Time every op on the step's device (:func:`profile_step`) and measure
+        the device (:func:`device_profile`).  ``False``: every op takes
+        :data:`UNIT_TIME_S` seconds, no workspace, the device only named
+        (nothing runs: for tests and byte-exact planning).
+    warmup, repeats, progress, calibrate
+        See :func:`profile_step`.
+    name : str, optional
+        Problem name (default: the captured step's model name).
+
+    Returns
+    -------
+    RematProblem
+        Nodes in the eager order of the joint graph.  Profiled: measured
+        ``time_s`` (seconds) and ``workspace_bytes`` (bytes), the measured
+        device, and in ``provenance.extra``: device, timer, warm-up, repeats,
+        optimizer, transformers version, autocast dtype, threads (CPU) and
+        ``"profile"`` (:func:`profile_summary`).  On CUDA the blocks that
+        profiling the unplanned step cached go back to the driver
+        (``torch.cuda.empty_cache``) before the device is measured, so what
+        is planned next does not run beside them.
+
+    Raises
+    ------
+    CaptureError
+        The model does not capture as one graph (the message names the break).
+    ProfilingError
+        Unknown ``optimizer``, capture options given with a captured step, or
+        an op fails while profiling.
+
+    Sources: the profiling step of Checkmate (Jain et al., MLSys 2020, sec. 6)
+    and Libra (Wang 2024); ``torch._functorch.aot_autograd`` for the capture.
+    """
+    from .capture import CapturedStep, build_problem, capture
+
+    if optimizer not in OPTIMIZERS:
+        raise ProfilingError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+    if isinstance(model, CapturedStep):
+        if (example_inputs not in ((), None) or example_kwargs or loss_fn is not None
+                or autocast_dtype is not None):
+            raise ProfilingError("problem_of(step): the step is already captured; pass example_inputs, "
+                                 "example_kwargs, loss_fn and autocast_dtype to capture() instead, or pass the "
+                                 "model")
+        step = model
+    elif isinstance(model, nn.Module):
+        args = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+        t0 = time.perf_counter()
+        step = capture(model, tuple(args), dict(example_kwargs or {}), autocast_dtype=autocast_dtype,
+                       loss_fn=loss_fn)
+        logger.info("captured %s in %.1f s", type(model).__name__, time.perf_counter() - t0)
+    else:
+        raise ProfilingError(f"problem_of() takes an nn.Module or a CapturedStep, got {type(model).__name__}")
+    if not profile:
+        times = {n.name: UNIT_TIME_S for n in step.joint.graph.nodes if n.op == "call_function"}
+        problem = build_problem(step, times=times, optimizer=optimizer)
+        return problem if name is None else problem.replace(name=name)
+    dev = step.device
+    t0 = time.perf_counter()
+    measured = profile_step(step, dev, warmup=warmup, repeats=repeats, progress=progress, calibrate=calibrate)
+    logger.info("profiled %s in %.1f s", step.model_name, time.perf_counter() - t0)
+    gc.collect()
+    if dev.type == "cuda" and torch.cuda.is_initialized():  # what profiling cached goes back to the driver
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
+    dprof = device_profile(dev)
+    try:
+        import transformers
+        tf_version = transformers.__version__
+    except ImportError:  # pragma: no cover
+        tf_version = ""
+    problem = build_problem(step, times=measured["times"], workspace=measured["workspace"], device=dprof,
+                            optimizer=optimizer)
+    prov = problem.provenance
+    prov = dataclasses.replace(
+        prov, date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        extra={**prov.extra, "device": dprof.name, "timer": measured["timer"], "warmup": measured["warmup"],
+               "profile": profile_summary(measured), "repeats": measured["repeats"], "optimizer": optimizer,
+               "transformers_version": tf_version, "autocast_dtype": _dtype_name(step.autocast_dtype),
+               "threads": torch.get_num_threads() if dev.type == "cpu" else None})
+    return problem.replace(provenance=prov, **({} if name is None else {"name": name}))
+
+
+def _build_by_name(name: str, batch: int, seq: int | None, device, dtype: torch.dtype):
+    """The model spec :data:`NAME_BUILDER` builds for ``name``."""
+    module, _, attr = NAME_BUILDER.partition(":")
+    builder = getattr(importlib.import_module(module), attr)
+    return builder(name, batch, seq, device=device, dtype=dtype)
+
+
+def profile(model_or_zoo: "nn.Module | Any | str", args: tuple = (), kwargs: dict | None = None, *,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, optimizer: str = "adam",
             device: str | torch.device | None = None, autocast_dtype: torch.dtype | None = None,
             batch: int | None = None, seq: int | None = None, dtype: torch.dtype = torch.float32,
             warmup: int = 2, repeats: int = 5, progress: bool = True, name: str | None = None,
             calibrate: bool = True) -> RematProblem:
-    """Capture one training step, profile it, and build its :class:`RematProblem`.
+    """Capture one training step, profile it, and build its :class:`RematProblem`
+    (:func:`problem_of`, with the model given by name or spec too, and the
+    model, batch, sequence length and dtype recorded in the provenance).
 
     Parameters
     ----------
-    model_or_zoo : nn.Module, ZooModel or str
-        A model (with ``args``/``kwargs``/``loss_fn``), a
-        :class:`~libra_opt.zoo.ZooModel`, or a zoo name / ``"module:callable"``
-        (then ``batch`` is required and ``seq``, ``dtype``, ``device`` are used
-        to build it).
+    model_or_zoo : nn.Module, model spec or str
+        A model (with ``args``/``kwargs``/``loss_fn``), a model spec (an
+        object with ``model``, ``args``, ``kwargs``, ``loss_fn``, ``name``,
+        ``batch``, ``seq``, ``description``, such as a
+        :class:`~libra_opt.zoo.ZooModel`), or a name :data:`NAME_BUILDER`
+        builds (a zoo name or ``"module:callable"``; then ``batch`` is
+        required and ``seq``, ``dtype``, ``device`` are used to build it).
     args, kwargs
-        Example inputs for a plain model; ignored for a ZooModel or a name.
+        Example inputs for a plain model; ignored for a spec or a name.
     loss_fn : callable, optional
         ``loss_fn(output) -> scalar`` for a plain model (default: the output
         is differentiated with ones as tangents).
@@ -680,75 +817,50 @@ def profile(model_or_zoo: "nn.Module | ZooModel | str", args: tuple = (), kwargs
     Returns
     -------
     RematProblem
-        Nodes in the eager order of the joint graph with measured
-        ``time_s`` and ``workspace_bytes``; the device profile of
-        :func:`device_profile`; provenance (model, batch, seq, dtype, torch
-        version, UTC date, and in ``extra``: device, timer, warm-up, repeats,
-        optimizer, transformers version, description, and ``"profile"``:
-        ``op_sum_s``, ``measured_step_s``, ``calibration``, ``calibrated``,
-        ``spread`` of :func:`profile_step`).
+        As :func:`problem_of`; provenance model, batch, seq, dtype (the
+        parameters'), UTC date, and ``extra["description"]``.
 
     Raises
     ------
     CaptureError
         The model does not capture as one graph (the message names the break).
     ProfilingError
-        Wrong device, or an op fails while profiling.
+        Wrong device, a name without ``batch``, an unknown optimizer, or an
+        op fails while profiling.
     ZooError
         Unknown zoo name.
-    LibraOptError
-        Unknown optimizer.
     """
-    from .capture import build_problem, capture
-    from .zoo import ZooModel, build_model
-
     if optimizer not in OPTIMIZERS:
         raise ProfilingError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     if isinstance(model_or_zoo, str):
         if batch is None:
             raise ProfilingError(f"profiling zoo model {model_or_zoo!r} needs batch=")
-        model_or_zoo = build_model(model_or_zoo, batch, seq, device=device or "cpu", dtype=dtype)
-    if isinstance(model_or_zoo, ZooModel):
-        zm = model_or_zoo
-        model, args, kwargs, loss_fn = zm.model, zm.args, zm.kwargs, zm.loss_fn
-        model_name, batch, seq, desc = zm.name, zm.batch, zm.seq, zm.description
-    elif isinstance(model_or_zoo, nn.Module):
+        model_or_zoo = _build_by_name(model_or_zoo, batch, seq, device=device or "cpu", dtype=dtype)
+    if isinstance(model_or_zoo, nn.Module):
         model, args, kwargs = model_or_zoo, tuple(args), dict(kwargs or {})
         model_name, desc = type(model).__name__, ""
         if batch is None:  # the leading dimension of the first input tensor
             first = next((v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)), None)
             batch = int(first.shape[0]) if first is not None and first.dim() > 0 else None
+    elif all(hasattr(model_or_zoo, a) for a in ("model", "args", "kwargs", "loss_fn", "name", "batch", "seq")):
+        zm = model_or_zoo
+        model, args, kwargs, loss_fn = zm.model, zm.args, zm.kwargs, zm.loss_fn
+        model_name, batch, seq, desc = zm.name, zm.batch, zm.seq, getattr(zm, "description", "")
     else:
-        raise ProfilingError(f"profile() takes an nn.Module, a ZooModel or a zoo name, got "
-                             f"{type(model_or_zoo).__name__}")
+        raise ProfilingError(f"profile() takes an nn.Module, a model spec (e.g. a ZooModel) or a model name, "
+                             f"got {type(model_or_zoo).__name__}")
     kwargs = dict(kwargs or {})
     dev = _model_device(model, args, kwargs)
     if device is not None and _as_device(device) != dev:
         raise ProfilingError(f"the model is on {dev} but profiling was asked on {_as_device(device)}; "
                              f"move the model and its inputs to {_as_device(device)} first")
     mdtype = _model_dtype(model)
-
-    t0 = time.perf_counter()
-    step = capture(model, args, kwargs, autocast_dtype=autocast_dtype, loss_fn=loss_fn)
-    logger.info("captured %s in %.1f s", model_name, time.perf_counter() - t0)
-    measured = profile_step(step, dev, warmup=warmup, repeats=repeats, progress=progress, calibrate=calibrate)
-    dprof = device_profile(dev)
-    try:
-        import transformers
-        tf_version = transformers.__version__
-    except ImportError:  # pragma: no cover
-        tf_version = ""
-    prov = Provenance(
-        source="capture", model=model_name, batch=batch, seq=seq, dtype=_dtype_name(mdtype),
-        torch_version=torch.__version__,
-        date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        extra={"device": dprof.name, "timer": measured["timer"], "warmup": measured["warmup"],
-               "profile": profile_summary(measured),
-               "repeats": measured["repeats"], "optimizer": optimizer, "transformers_version": tf_version,
-               "autocast_dtype": _dtype_name(autocast_dtype), "description": desc,
-               "threads": torch.get_num_threads() if dev.type == "cpu" else None})
-    problem = build_problem(step, times=measured["times"], workspace=measured["workspace"], device=dprof,
-                            optimizer=optimizer, provenance=prov)
+    problem = problem_of(model, tuple(args), kwargs, loss_fn=loss_fn, autocast_dtype=autocast_dtype,
+                         optimizer=optimizer, warmup=warmup, repeats=repeats, progress=progress,
+                         calibrate=calibrate)
+    prov = problem.provenance
+    prov = dataclasses.replace(prov, model=model_name, batch=batch, seq=seq, dtype=_dtype_name(mdtype),
+                               extra={**prov.extra, "description": desc})
     if name is None:
         name = model_name + (f"-b{batch}" if batch is not None else "") + (f"-s{seq}" if seq is not None else "")
-    return problem.replace(name=name)
+    return problem.replace(name=name, provenance=prov)

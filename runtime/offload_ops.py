@@ -61,6 +61,7 @@ from torch.fx.node import has_side_effect
 from libra_opt.errors import RuntimeExecutionError
 
 from .executor import untracked
+from .swap import check_graph_not_retained
 
 logger = logging.getLogger(__name__)
 
@@ -110,10 +111,7 @@ def _offload(t: torch.Tensor, mid: int) -> torch.Tensor:
     with untracked():
         buf = sw.pool.acquire(nbytes)
         host = buf.view(t.dtype).view(t.shape) if nbytes else torch.empty(t.shape, dtype=t.dtype)
-        ev = sw._copy(host, t)
-        if ev is not None:
-            sw._inflight.append((ev, t))     # t stays alive until its copy has finished (poll drops it)
-            sw.poll()
+        sw.copy_out(host, t, t)              # t stays alive until its copy has finished (poll drops it)
     sw._host_bufs[host.data_ptr()] = buf
     sw.d2h_bytes += nbytes
     return host
@@ -125,10 +123,7 @@ def _offload_fake(t: torch.Tensor, mid: int) -> torch.Tensor:
 
 def _reload(host: torch.Tensor, mid: int, device: torch.device, size, stride, last: bool) -> torch.Tensor:
     sw = manager(mid)
-    if torch._C._current_graph_task_id() != -1 and torch._C._autograd._get_current_graph_task_keep_graph():
-        raise RuntimeExecutionError("backward(retain_graph=True) is not supported by a plan with swaps: "
-                                    "host buffers are reused after their last reload; call backward once "
-                                    "per forward, or plan without swaps")
+    check_graph_not_retained()
     out = torch.empty_strided(tuple(size), tuple(stride), dtype=host.dtype, device=device)
     with untracked():
         ev = sw._copy(out, host)

@@ -51,6 +51,7 @@ import torch.fx as fx
 from libra_opt.capture import mutated_primals, tensor_values
 from libra_opt.capture_passes import RNG_STATE_META, replay_random
 from libra_opt.errors import RuntimeExecutionError
+from libra_opt.interpreter import ScheduleInterpreter
 from libra_opt.problem import BACKWARD, FORWARD, RematProblem
 from libra_opt.schedule import Op, Schedule
 
@@ -179,10 +180,13 @@ def _host_fake(fake):
         return torch.empty(nbytes, dtype=torch.uint8, device="cpu")
 
 
-class _Emitter:
-    """Emits instructions into one FX graph."""
+class _Emitter(ScheduleInterpreter):
+    """Emits instructions into one FX graph: one handler per instruction,
+    dispatched by :meth:`ScheduleInterpreter.walk` (``self.index`` is the
+    instruction's position in the whole schedule)."""
 
     def __init__(self, b: _Binding, graph: fx.Graph, swap, last_swap_in: dict[int, int], phase: str):
+        super().__init__(b.problem)
         self.b = b
         self.p = b.problem
         self.g = graph
@@ -232,7 +236,7 @@ class _Emitter:
             f"plan error in {where}: node {user!r} reads tensor {self.p.tensors[tid].name!r}, which is not "
             f"resident there (check the plan with libra_opt.simulate)")
 
-    def compute(self, nid: int, index: int) -> None:
+    def compute(self, nid: int) -> None:
         node = self.p.nodes[nid]
         jn = self.b.fx[node.name]
         args = fx.map_arg(jn.args, lambda a: self.value(a, node.name))
@@ -289,7 +293,7 @@ class _Emitter:
         self.host[tid] = nd
         self.swapping.add(tid)
 
-    def swap_in(self, tid: int, index: int) -> None:
+    def swap_in(self, tid: int) -> None:
         t = self.p.tensors[tid]
         if t.nbytes == 0:
             self.pending[tid] = self.host[tid]
@@ -298,7 +302,7 @@ class _Emitter:
         fake = self.b.tid_fake[tid]
         nd = self.g.call_function(self.swap.reload, (self.host[tid], fake.dtype, list(fake.shape),
                                                      list(fake.stride()), int(fake.storage_offset()),
-                                                     self.last_swap_in.get(tid) == index))
+                                                     self.last_swap_in.get(tid) == self.index))
         nd.meta = {"val": fake}
         self.pending[tid] = nd
         self.last_read, self.last_made = {self.host[tid]}, {nd}
@@ -316,23 +320,60 @@ class _Emitter:
         self.env[tid] = nd
         self.last_read, self.last_made = {src}, {nd}
 
-    def run(self, instrs, start: int) -> None:
-        for k, ins in enumerate(instrs, start):
-            try:
-                if ins.op == Op.COMPUTE:
-                    self.compute(ins.arg, k)
-                elif ins.op == Op.FREE:
-                    self.free(ins.arg)
-                elif ins.op == Op.SWAP_OUT:
-                    self.swap_out(ins.arg)
-                elif ins.op == Op.SWAP_IN:
-                    self.swap_in(ins.arg, k)
-                else:
-                    self.wait(ins.arg)
-            except KeyError as e:
-                raise RuntimeExecutionError(f"instruction {k} ({ins.describe(self.p)}): the plan refers to a "
-                                            f"value that is not available ({e}); check it with "
-                                            f"libra_opt.simulate") from None
+    def walk(self, instructions, first: int = 0) -> None:
+        """Emit ``instructions`` (the first is instruction ``first`` of the
+        schedule); a value the plan reads but never made available is a
+        :class:`~libra_opt.errors.RuntimeExecutionError` naming the instruction."""
+        try:
+            super().walk(instructions, first)
+        except KeyError as e:
+            ins = instructions[self.index - first]
+            raise RuntimeExecutionError(f"instruction {self.index} ({ins.describe(self.p)}): the plan refers to a "
+                                        f"value that is not available ({e}); check it with "
+                                        f"libra_opt.simulate") from None
+
+
+class _SavedValues(ScheduleInterpreter):
+    """Liveness of the forward part's values over the backward part's
+    instructions: which tensors / host copies the backward part reads, or
+    frees, before redefining them (see :func:`_needed_after`)."""
+
+    def __init__(self, problem: RematProblem, env: set[int], host: set[int]):
+        super().__init__(problem)
+        self.origin = {t: True for t in env}     # True: value comes from the forward part
+        self.horigin = {t: True for t in host}
+        self.need_env: dict[int, None] = {}
+        self.need_host: dict[int, None] = {}
+
+    def compute(self, nid: int) -> None:
+        node = self.problem.nodes[nid]
+        for t in node.inputs:
+            if self.origin.get(t):
+                self.need_env[t] = None
+        for t in node.outputs:
+            self.origin.setdefault(t, False)
+
+    def free(self, tid: int) -> None:
+        if self.origin.pop(tid, None):
+            self.need_env[tid] = None        # the plan keeps it resident into the backward part
+
+    def swap_out(self, tid: int) -> None:
+        if self.origin.get(tid):
+            self.need_env[tid] = None
+        self.horigin[tid] = False
+
+    def swap_in(self, tid: int) -> None:
+        if self.horigin.get(tid):
+            self.need_host[tid] = None
+
+    def wait(self, tid: int) -> None:
+        self.origin.setdefault(tid, False)
+
+    def read_at_end(self, tids) -> None:
+        """The backward graph's outputs read ``tids``."""
+        for t in tids:
+            if self.origin.get(t):
+                self.need_env[t] = None
 
 
 def _needed_after(problem: RematProblem, instrs, env: set[int], host: set[int], end_uses: list[int]):
@@ -340,34 +381,10 @@ def _needed_after(problem: RematProblem, instrs, env: set[int], host: set[int], 
     (then the backward outputs ``end_uses``) read, or free, before redefining
     them: a value the plan frees only in the backward part stays resident
     until then, as the simulator counts it."""
-    origin = {t: True for t in env}          # True: value comes from the forward part
-    horigin = {t: True for t in host}
-    need_env: dict[int, None] = {}
-    need_host: dict[int, None] = {}
-    for ins in instrs:
-        a = ins.arg
-        if ins.op == Op.COMPUTE:
-            for t in problem.nodes[a].inputs:
-                if origin.get(t):
-                    need_env[t] = None
-            for t in problem.nodes[a].outputs:
-                origin.setdefault(t, False)
-        elif ins.op == Op.FREE:
-            if origin.pop(a, None):
-                need_env[a] = None        # the plan keeps it resident into the backward part
-        elif ins.op == Op.SWAP_OUT:
-            if origin.get(a):
-                need_env[a] = None
-            horigin[a] = False
-        elif ins.op == Op.SWAP_IN:
-            if horigin.get(a):
-                need_host[a] = None
-        elif ins.op == Op.WAIT:
-            origin.setdefault(a, False)
-    for t in end_uses:
-        if origin.get(t):
-            need_env[t] = None
-    return sorted(need_env), sorted(need_host)
+    live = _SavedValues(problem, env, host)
+    live.walk(instrs)
+    live.read_at_end(end_uses)
+    return sorted(live.need_env), sorted(live.need_host)
 
 
 def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProblem, schedule: Schedule,
@@ -417,7 +434,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
         nd = fg.placeholder(ph.name)
         nd.meta = dict(ph.meta)
         fe.env[b.tid_of(ph)] = nd
-    fe.run(instrs[:split], 0)
+    fe.walk(instrs[:split], 0)
     for tid in list(fe.pending):            # a reload still in flight: wait for it here
         fe.wait(tid)
     fe.flush()
@@ -469,7 +486,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
         nd = bg.placeholder(ph.name)
         nd.meta = dict(ph.meta)
         be.env[b.tid_of(ph)] = nd
-    be.run(instrs[split:], split)
+    be.walk(instrs[split:], split)
     be.flush()
     if be.pending:
         names = ", ".join(problem.tensors[t].name for t in be.pending)

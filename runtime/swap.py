@@ -112,6 +112,17 @@ class HostBufferPool:
         self._free.setdefault(int(buf.numel()), []).append(buf)
 
 
+def check_graph_not_retained() -> None:
+    """Raise :class:`~libra_opt.errors.RuntimeExecutionError` inside a
+    ``backward(retain_graph=True)``: a reload's host buffer is reused after its
+    last reload, so the backward part cannot run twice (checked by every
+    reload, eager and compiled; ``torch._C._current_graph_task_id``)."""
+    if torch._C._current_graph_task_id() != -1 and torch._C._autograd._get_current_graph_task_keep_graph():
+        raise RuntimeExecutionError("backward(retain_graph=True) is not supported by a plan with swaps: "
+                                    "host buffers are reused after their last reload; call backward once "
+                                    "per forward, or plan without swaps")
+
+
 def _bytes_of(t: torch.Tensor) -> torch.Tensor:
     """A uint8 tensor over the whole storage of ``t`` (no copy)."""
     s = t.untyped_storage()
@@ -172,6 +183,15 @@ class SwapManager:
             ev.record(self.stream)
         return ev
 
+    def copy_out(self, host: torch.Tensor, src: torch.Tensor, keep: torch.Tensor) -> None:
+        """Copy ``src`` into the host buffer ``host`` (:meth:`_copy`); on CUDA
+        the device tensor ``keep`` stays referenced until the copy has
+        finished (:meth:`poll` drops it).  Call inside :func:`untracked`."""
+        ev = self._copy(host, src)
+        if ev is not None:
+            self._inflight.append((ev, keep))
+            self.poll()
+
     # ------------------------------------------------------------ steps
     def offload(self, t: torch.Tensor) -> torch.Tensor:
         """Copy the storage of ``t`` to a host buffer; returns the buffer
@@ -181,10 +201,7 @@ class SwapManager:
             src = _bytes_of(t)
             n = src.numel()
             host = self.pool.acquire(n)
-            ev = self._copy(host, src)
-            if ev is not None:
-                self._inflight.append((ev, t))
-                self.poll()
+            self.copy_out(host, src, t)
         self.d2h_bytes += n
         return host
 
@@ -194,10 +211,7 @@ class SwapManager:
         (on the transfer stream); returns the tensor with the given ``dtype``,
         ``size``, ``stride`` and storage ``offset`` (elements).  ``release``
         returns the host buffer to the pool (this is its last reload)."""
-        if torch._C._current_graph_task_id() != -1 and torch._C._autograd._get_current_graph_task_keep_graph():
-            raise RuntimeExecutionError("backward(retain_graph=True) is not supported by a plan with swaps: "
-                                        "host buffers are reused after their last reload; call backward once "
-                                        "per forward, or plan without swaps")
+        check_graph_not_retained()
         n = host.numel()
         dev_bytes = torch.empty(n, dtype=torch.uint8, device=self.device)   # counted by trackers
         with untracked():

@@ -40,8 +40,8 @@ from libra_opt.errors import SolverError, SolverOptionError
 
 from .base import Solver
 from .checkmate_model import CheckmateModel
-from .certificates import checkmate_bounds, floor_bound
-from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, rs_from_s
+from .certificates import checkmate_bounds
+from .checkmate_plan import Candidate, CheckmateSetup, no_remat_solution, rs_from_s
 from .registry import register_solver
 from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
 
@@ -136,12 +136,9 @@ class CheckmateLPSolver(Solver):
     def _solve(self, problem, budget_bytes: int) -> RawSolution:
         self._check_options()
         o = self.options
-        trivial = no_remat_if_fits(problem, budget_bytes)
+        trivial = no_remat_solution(problem, budget_bytes, self.name, extras={"coarsened": False})
         if trivial is not None:
-            trivial.meta.update({"solver": self.name})
-            return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
-                               message="the no-remat plan fits the budget (no recomputation needed)",
-                               extras={"coarsened": False})
+            return trivial
         setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values, budget_bytes=budget_bytes)
         rr = round_lp(setup, budget_bytes, backend=o.backend, thresholds=o.thresholds,
                       budget_factors=o.budget_factors, time_limit_s=o.time_limit_s,

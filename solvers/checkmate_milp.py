@@ -51,8 +51,8 @@ from libra_opt.errors import SolverError, SolverOptionError
 
 from .base import Solver
 from .checkmate_model import CheckmateModel, model_peak_bytes
-from .certificates import checkmate_bounds, floor_bound
-from .checkmate_plan import CheckmateSetup, no_remat_if_fits, rs_from_s
+from .certificates import checkmate_bounds
+from .checkmate_plan import CheckmateSetup, no_remat_solution, rs_from_s
 from .registry import register_solver
 from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
 
@@ -63,8 +63,11 @@ ORTOOLS_SOLVERS = ("auto", "SCIP", "CBC")
 
 
 @dataclass(frozen=True)
-class CheckmateMILPOptions:
-    """Options of ``checkmate-milp``.
+class MIPOptions:
+    """Options every MILP solver here takes (``checkmate-milp``,
+    ``hybrid-milp``), checked by :func:`check_mip_options`; each solver's
+    options subclass this and say what ``warm_start`` and ``libra_hint``
+    give it.
 
     Attributes
     ----------
@@ -74,6 +77,37 @@ class CheckmateMILPOptions:
         The MIP engine behind OR-Tools; ``"auto"`` takes SCIP if built in,
         else CBC.  (OR-Tools 9.15's HiGHS interface crashes when given a
         starting solution, so it is not offered.)
+    time_limit_s : float
+        Wall-clock limit of the whole solve (starting plans included; the
+        MILP itself gets what is left, at least 1 s), seconds.
+    mip_gap : float
+        Relative optimality gap at which the solve stops (0.0001 = 0.01 %).
+    warm_start : bool
+        Give the MILP a starting solution.
+    libra_hint : bool
+        Run libra at the budget first for a starting solution and a fallback plan.
+    threads : int or None
+        Solver threads; None for the backend's default.
+    verbose : bool
+        Let the backend print its log.
+    """
+
+    backend: str = "ortools"
+    ortools_solver: str = "auto"
+    time_limit_s: float = 60.0
+    mip_gap: float = 1e-4
+    warm_start: bool = True
+    libra_hint: bool = True
+    threads: int | None = None
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class CheckmateMILPOptions(MIPOptions):
+    """Options of ``checkmate-milp``: those of :class:`MIPOptions`, with
+
+    Attributes
+    ----------
     time_limit_s : float
         Wall-clock limit of the whole solve (warm start included; the MILP
         itself gets what is left, at least 1 s), seconds.
@@ -92,8 +126,6 @@ class CheckmateMILPOptions:
         Run libra (recompute-only) at the budget first: its plan is a
         starting solution (mapped to ``R``/``S``) and the plan returned when
         the MILP ends worse or without a solution.
-    threads : int or None
-        Solver threads; None for the backend's default.
     coarsen : "auto", "none" or int
         ``"auto"``: coarsen problems with more than ``max_nodes`` nodes to
         ``max_nodes``; an int: coarsen to that many nodes; ``"none"``: never.
@@ -103,21 +135,11 @@ class CheckmateMILPOptions:
         ``S`` per value = outputs of a node with the same users (``"tensor"``,
         exact) or per node (``"node"``, Checkmate's; fewer variables).
         ``"auto"``: ``"tensor"`` unless the problem was coarsened.
-    verbose : bool
-        Let the backend print its log.
     """
 
-    backend: str = "ortools"
-    ortools_solver: str = "auto"
-    time_limit_s: float = 60.0
-    mip_gap: float = 1e-4
-    warm_start: bool = True
-    threads: int | None = None
     coarsen: str | int = "auto"
     max_nodes: int = 100
     values: str = "auto"
-    verbose: bool = False
-    libra_hint: bool = True
 
 
 def check_mip_options(o, solver: str) -> None:
@@ -202,12 +224,9 @@ class CheckmateMILPSolver(Solver):
     def _solve(self, problem, budget_bytes: int) -> RawSolution:
         self._check_options()
         o = self.options
-        trivial = no_remat_if_fits(problem, budget_bytes)
+        trivial = no_remat_solution(problem, budget_bytes, self.name, extras={"coarsened": False})
         if trivial is not None:
-            trivial.meta.update({"solver": self.name})
-            return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
-                               message="the no-remat plan fits the budget (no recomputation needed)",
-                               extras={"coarsened": False})
+            return trivial
         deadline = time.perf_counter() + o.time_limit_s
         setup = CheckmateSetup(problem, o.coarsen, o.max_nodes, self.name, o.values, budget_bytes=budget_bytes)
         g = setup.graph
@@ -597,4 +616,4 @@ def _solve_pulp(model: CheckmateModel, hint, time_limit_s: float, o: CheckmateMI
     return _MipResult(None, "no_solution", None, None, hit, "pulp-CBC")
 
 
-__all__ = ["CheckmateMILPSolver", "CheckmateMILPOptions"]
+__all__ = ["CheckmateMILPSolver", "CheckmateMILPOptions", "MIPOptions"]

@@ -119,7 +119,7 @@ MEMORY_UNITS = 1024.0
 #: Value granularities of :meth:`CheckmateGraph.from_problem`.
 VALUE_GRANULARITIES = ("tensor", "node")
 
-__all__ = ["CheckmateGraph", "CheckmateModel", "model_peak_bytes", "MEMORY_UNITS", "VALUE_GRANULARITIES"]
+__all__ = ["CheckmateGraph", "CheckmateModel", "RowBuilder", "model_peak_bytes", "MEMORY_UNITS", "VALUE_GRANULARITIES"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -416,6 +416,74 @@ def model_peak_bytes(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray) -> int
     return peak
 
 
+class RowBuilder:
+    """Columns and rows of a linear program as they are appended: the one
+    builder of :class:`CheckmateModel` and of its extensions
+    (:class:`~libra_opt.solvers.hybrid_model.HybridModel`).
+
+    Parameters
+    ----------
+    lb, ub, obj, integer : list, optional
+        Columns already there (bounds, objective coefficient, integrality);
+        :meth:`new_var` appends to them.
+    first_row : int
+        Index of the first row :meth:`add_row` appends (the rows of the model
+        being extended come before it).
+
+    Attributes
+    ----------
+    rows, cols, vals : list
+        The nonzeros appended (row index, column index, coefficient).
+    row_lb, row_ub : list of float
+        Bounds of the appended rows (``row_lb <= A x <= row_ub``).
+    """
+
+    def __init__(self, lb=None, ub=None, obj=None, integer=None, first_row: int = 0):
+        self.lb: list[float] = [] if lb is None else list(lb)
+        self.ub: list[float] = [] if ub is None else list(ub)
+        self.obj: list[float] = [] if obj is None else list(obj)
+        self.integer: list[bool] = [] if integer is None else list(integer)
+        self.first_row = first_row
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.row_lb: list[float] = []
+        self.row_ub: list[float] = []
+
+    def new_var(self, lo: float, hi: float, c: float, is_int: bool) -> int:
+        """Append a column with bounds ``[lo, hi]`` and objective coefficient
+        ``c``; returns its index."""
+        self.lb.append(lo)
+        self.ub.append(hi)
+        self.obj.append(c)
+        self.integer.append(is_int)
+        return len(self.lb) - 1
+
+    def add_row(self, terms, lo: float, hi: float) -> None:
+        """Append the row ``lo <= sum(coef * x[col] for col, coef in terms) <= hi``."""
+        r = self.first_row + len(self.row_lb)
+        rows, cols, vals = self.rows, self.cols, self.vals
+        for c, v in terms:
+            rows.append(r)
+            cols.append(c)
+            vals.append(v)
+        self.row_lb.append(lo)
+        self.row_ub.append(hi)
+
+    def add_to_row(self, r: int, c: int, v: float) -> None:
+        """Add the term ``v * x[c]`` to row ``r`` (an appended row or one of
+        the model being extended)."""
+        self.rows.append(r)
+        self.cols.append(c)
+        self.vals.append(v)
+
+    def matrix(self, num_rows: int, num_vars: int) -> sp.csr_matrix:
+        """The appended nonzeros as a CSR matrix of shape ``(num_rows, num_vars)``
+        (duplicates summed)."""
+        return sp.csr_matrix((np.asarray(self.vals, dtype=np.float64), (np.asarray(self.rows, dtype=np.int64),
+                             np.asarray(self.cols, dtype=np.int64))), shape=(num_rows, num_vars))
+
+
 class CheckmateModel:
     """Checkmate's MILP (or its LP relaxation) in matrix form.
 
@@ -497,32 +565,9 @@ class CheckmateModel:
         pinned_before = g.pinned_before.astype(np.float64) / self.mem_scale
         pinned_own = g.pinned_bytes.astype(np.float64) / self.mem_scale
         vnode = g.value_node
-        lb: list[float] = []
-        ub: list[float] = []
-        obj: list[float] = []
-        integer: list[bool] = []
-
-        def new_var(lo: float, hi: float, c: float, is_int: bool) -> int:
-            lb.append(lo)
-            ub.append(hi)
-            obj.append(c)
-            integer.append(is_int)
-            return len(lb) - 1
-
-        rows: list[int] = []
-        cols: list[int] = []
-        vals: list[float] = []
-        row_lb: list[float] = []
-        row_ub: list[float] = []
-
-        def add_row(terms, lo: float, hi: float) -> None:
-            r = len(row_lb)
-            for c, v in terms:
-                rows.append(r)
-                cols.append(c)
-                vals.append(v)
-            row_lb.append(lo)
-            row_ub.append(hi)
+        lp = RowBuilder()
+        lb, row_lb = lp.lb, lp.row_lb
+        new_var, add_row = lp.new_var, lp.add_row
 
         r_idx, s_idx = self.r_idx, self.s_idx
         for t in range(n):
@@ -619,13 +664,12 @@ class CheckmateModel:
         self.num_vars = len(lb)
         self.num_rows = len(row_lb)
         self.lb = np.asarray(lb, dtype=np.float64)
-        self.ub = np.asarray(ub, dtype=np.float64)
-        self.obj = np.asarray(obj, dtype=np.float64)
-        self.integer = np.asarray(integer, dtype=bool)
-        self.A = sp.csr_matrix((np.asarray(vals, dtype=np.float64), (np.asarray(rows, dtype=np.int64),
-                                np.asarray(cols, dtype=np.int64))), shape=(self.num_rows, self.num_vars))
+        self.ub = np.asarray(lp.ub, dtype=np.float64)
+        self.obj = np.asarray(lp.obj, dtype=np.float64)
+        self.integer = np.asarray(lp.integer, dtype=bool)
+        self.A = lp.matrix(self.num_rows, self.num_vars)
         self.row_lb = np.asarray(row_lb, dtype=np.float64)
-        self.row_ub = np.asarray(row_ub, dtype=np.float64)
+        self.row_ub = np.asarray(lp.row_ub, dtype=np.float64)
         log.debug("Checkmate model: %d nodes, %d values, %d variables, %d rows, %d nonzeros", n, nv, self.num_vars,
                   self.num_rows, self.A.nnz)
 

@@ -44,7 +44,7 @@ from .checkmate_model import VALUE_GRANULARITIES, CheckmateGraph
 log = logging.getLogger(__name__)
 
 __all__ = ["solve_r_opt", "rs_from_s", "s_mask", "schedule_from_rs", "keep_all_s", "recompute_forward_s", "Candidate",
-           "CheckmateSetup", "no_remat_if_fits", "s_from_schedule"]
+           "CheckmateSetup", "no_remat_if_fits", "no_remat_solution", "s_from_schedule"]
 
 
 def solve_r_opt(graph: CheckmateGraph, S: np.ndarray, arrived: np.ndarray | None = None,
@@ -594,3 +594,23 @@ def no_remat_if_fits(problem: RematProblem, budget_bytes: int) -> Schedule | Non
     if simulate(problem, sched).peak_bytes <= budget_bytes:
         return sched
     return None
+
+
+def no_remat_solution(problem: RematProblem, budget_bytes: int, solver: str,
+                      message: str = "the no-remat plan fits the budget (no recomputation needed)",
+                      extras: dict | None = None):
+    """The shortcut every Checkmate-family solver takes first: the
+    :class:`~libra_opt.solvers.result.RawSolution` of the no-remat plan,
+    ``"optimal"`` with the compute-floor bound
+    (:func:`~libra_opt.solvers.certificates.floor_bound`), when its simulated
+    peak fits ``budget_bytes`` (bytes), else None.  ``solver`` is recorded in
+    the schedule's ``meta``; ``message`` and ``extras`` are the solution's."""
+    from .certificates import floor_bound
+    from .result import OPTIMAL, RawSolution
+
+    trivial = no_remat_if_fits(problem, budget_bytes)
+    if trivial is None:
+        return None
+    trivial.meta.update({"solver": solver})
+    return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, solver),), message=message,
+                       extras=dict(extras or {}))

@@ -58,8 +58,8 @@ from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, 
 
 from .base import Solver
 from .certificates import HYBRID, Bound, compute_floor_s, floor_bound, model_covers
-from .checkmate_milp import _MipResult, _solve_ortools, _solve_pulp, check_mip_options
-from .checkmate_plan import Candidate, CheckmateSetup, no_remat_if_fits, schedule_from_rs, solve_r_opt
+from .checkmate_milp import MIPOptions, _MipResult, _solve_ortools, _solve_pulp, check_mip_options
+from .checkmate_plan import Candidate, CheckmateSetup, no_remat_solution, schedule_from_rs, solve_r_opt
 from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
 from .registry import register_solver
 from .result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
@@ -70,46 +70,27 @@ __all__ = ["HybridMILPSolver", "HybridMILPOptions"]
 
 
 @dataclass(frozen=True)
-class HybridMILPOptions:
-    """Options of ``hybrid-milp``.
+class HybridMILPOptions(MIPOptions):
+    """Options of ``hybrid-milp``: those of
+    :class:`~libra_opt.solvers.checkmate_milp.MIPOptions` (backend,
+    ortools_solver, time_limit_s, mip_gap, threads, verbose), with
 
     Attributes
     ----------
-    backend : {"ortools", "pulp"}
-        ``"ortools"``: OR-Tools (SCIP or CBC); ``"pulp"``: PuLP with its CBC.
-    ortools_solver : {"auto", "SCIP", "CBC"}
-        The MIP engine behind OR-Tools; ``"auto"``: SCIP if built in, else CBC.
-    time_limit_s : float
-        Wall-clock limit of the whole solve (libra's plans included; the
-        MILP gets what is left, at least 1 s), seconds.
-    mip_gap : float
-        Relative optimality gap at which the MILP stops (0.0001 = 0.01 %).
     warm_start : bool
         Give the MILP the cheapest starting plan that fits the model.
     libra_hint : bool
         Run libra (hybrid and recompute-only) at the budget first: starting
         solutions, and the plan returned when the MILP ends worse or without
         a plan.
-    threads : int or None
-        Solver threads; None for the backend's default.
     max_nodes : int
         Largest problem accepted (nodes); the model is never coarsened.
     values : {"tensor", "node"}
         Value granularity (:meth:`~libra_opt.solvers.checkmate_model.CheckmateGraph.from_problem`).
-    verbose : bool
-        Let the backend print its log.
     """
 
-    backend: str = "ortools"
-    ortools_solver: str = "auto"
-    time_limit_s: float = 60.0
-    mip_gap: float = 1e-4
-    warm_start: bool = True
-    libra_hint: bool = True
-    threads: int | None = None
     max_nodes: int = 250
     values: str = "tensor"
-    verbose: bool = False
 
 
 @register_solver("hybrid-milp")
@@ -150,11 +131,10 @@ class HybridMILPSolver(Solver):
                                     f"{o.max_nodes}; the model (O(n^2) variables) is never coarsened, since a "
                                     f"coarse model's bound would not bound the problem: raise max_nodes or use "
                                     f"checkmate-milp / libra")
-        trivial = no_remat_if_fits(problem, budget_bytes)
+        trivial = no_remat_solution(problem, budget_bytes, self.name,
+                                    message="the no-remat plan fits the budget (nothing to evict)")
         if trivial is not None:
-            trivial.meta.update({"solver": self.name})
-            return RawSolution(trivial, OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
-                               message="the no-remat plan fits the budget (nothing to evict)")
+            return trivial
         deadline = time.perf_counter() + o.time_limit_s
         setup = CheckmateSetup(problem, "none", problem.num_nodes, self.name, o.values, budget_bytes=budget_bytes)
         g = setup.graph

@@ -81,12 +81,11 @@ import logging
 from functools import cached_property
 
 import numpy as np
-import scipy.sparse as sp
 
 from libra_opt.problem import INPUT
 from libra_opt.schedule import Op, Schedule
 
-from .checkmate_model import CheckmateGraph, CheckmateModel
+from .checkmate_model import CheckmateGraph, CheckmateModel, RowBuilder
 
 log = logging.getLogger(__name__)
 
@@ -170,36 +169,12 @@ class HybridModel(CheckmateModel):
         ts = self.time_scale
         m = g.mem_bytes.astype(np.float64) / self.mem_scale
         swappable = swappable_values(g)
-        lb, ub, obj, integer = list(self.lb), list(self.ub), list(self.obj), list(self.integer)
-        base_vars = len(lb)
-        rows: list[int] = []
-        cols: list[int] = []
-        vals: list[float] = []
-        row_lb: list[float] = []
-        row_ub: list[float] = []
         num_old_rows = self.num_rows
+        lp = RowBuilder(self.lb, self.ub, self.obj, self.integer, first_row=num_old_rows)
+        lb, row_lb = lp.lb, lp.row_lb
+        new_var, add_row, add_to_row = lp.new_var, lp.add_row, lp.add_to_row
+        base_vars = len(lb)
         inf = np.inf
-
-        def new_var(lo, hi, c, is_int) -> int:
-            lb.append(lo)
-            ub.append(hi)
-            obj.append(c)
-            integer.append(is_int)
-            return len(lb) - 1
-
-        def add_row(terms, lo, hi) -> None:
-            r = num_old_rows + len(row_lb)
-            for c, v in terms:
-                rows.append(r)
-                cols.append(c)
-                vals.append(v)
-            row_lb.append(lo)
-            row_ub.append(hi)
-
-        def add_to_row(r: int, c: int, v: float) -> None:
-            rows.append(r)
-            cols.append(c)
-            vals.append(v)
 
         r_idx, s_idx, in_idx = self.r_idx, self.s_idx, self.in_idx
         vnode = g.value_node
@@ -277,15 +252,13 @@ class HybridModel(CheckmateModel):
         self.num_rows = num_old_rows + len(row_lb)
         A_old = self.A.tocsr()
         A_old.resize((self.num_rows, self.num_vars))
-        extra = sp.csr_matrix((np.asarray(vals, dtype=np.float64), (np.asarray(rows, dtype=np.int64),
-                              np.asarray(cols, dtype=np.int64))), shape=(self.num_rows, self.num_vars))
-        self.A = (A_old + extra).tocsr()
+        self.A = (A_old + lp.matrix(self.num_rows, self.num_vars)).tocsr()
         self.lb = np.asarray(lb, dtype=np.float64)
-        self.ub = np.asarray(ub, dtype=np.float64)
-        self.obj = np.asarray(obj, dtype=np.float64)
-        self.integer = np.asarray(integer, dtype=bool)
+        self.ub = np.asarray(lp.ub, dtype=np.float64)
+        self.obj = np.asarray(lp.obj, dtype=np.float64)
+        self.integer = np.asarray(lp.integer, dtype=bool)
         self.row_lb = np.concatenate([self.row_lb, np.asarray(row_lb, dtype=np.float64)])
-        self.row_ub = np.concatenate([self.row_ub, np.asarray(row_ub, dtype=np.float64)])
+        self.row_ub = np.concatenate([self.row_ub, np.asarray(lp.row_ub, dtype=np.float64)])
         log.debug("hybrid model: %d swappable values, %d swap variables, %d variables, %d rows",
                   int((self.off_idx >= 0).sum()), self.num_vars - base_vars, self.num_vars, self.num_rows)
 

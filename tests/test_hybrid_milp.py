@@ -182,7 +182,7 @@ def test_time_limit_without_any_plan_is_a_solver_error():
     over the budget) and the MILP finds none in 1 s on a 77-node profiled graph: SolverError,
     never a plan."""
     from libra_opt.problem_io import load_problem
-    from test_milp_interrupt import PROBLEM
+    from _interrupt import PROBLEM
 
     p = load_problem(PROBLEM).with_device(copies_overlap_compute=True)
     with pytest.raises(SolverError, match="no plan within"):
@@ -210,28 +210,19 @@ def test_model_has_swap_variables_only_for_swappable_values():
 def test_ctrl_c_stops_the_milp_without_a_plan(tmp_path):
     """SIGINT during the native solve (OR-Tools SCIP): KeyboardInterrupt, a non-zero exit, no plan
     written, no temporary file left (as for checkmate-milp, ``tests/test_milp_interrupt.py``)."""
-    from test_milp_interrupt import PROBLEM, _interrupt, _marker_seen
+    from _interrupt import PROBLEM, interrupt_native_solve
 
     plan = tmp_path / "plan.json"
     driver = """
-        import sys
-        from ortools.linear_solver.python import model_builder_helper
         from libra_opt.problem_io import load_problem
         from libra_opt.solvers import solve
 
-        native = model_builder_helper.ModelSolverHelper.solve
-
-        def announced(*args, **kwargs):
-            print("MILP-START", file=sys.stderr, flush=True)
-            return native(*args, **kwargs)
-
-        model_builder_helper.ModelSolverHelper.solve = announced
         p = load_problem(sys.argv[1]).with_device(copies_overlap_compute=True)
         r = solve(p, sys.argv[2], "hybrid-milp", time_limit_s=60, libra_hint=False)
         r.schedule.save(sys.argv[3])
         print("solved:", r.status)
     """
-    r = _interrupt(driver, [PROBLEM, "85%", str(plan)], tmp_path, _marker_seen)
+    r = interrupt_native_solve(driver, [PROBLEM, "85%", str(plan)], tmp_path)
     assert r.returncode != 0 and "KeyboardInterrupt" in r.stderr, (r.stdout, r.stderr)
     assert "solved:" not in r.stdout and not plan.exists()
     assert os.listdir(tmp_path / "tmp") == []
@@ -261,7 +252,7 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
 def profiled_problem():
     """The 77-node profiled ResNet (views, multi-output ops) from ``problems/``."""
     from libra_opt.problem_io import load_problem
-    from test_milp_interrupt import PROBLEM
+    from _interrupt import PROBLEM
 
     return load_problem(PROBLEM)
 

@@ -15,7 +15,13 @@ is run twice: taking the best ratio at each step, and *finish first*: where
 candidates alone take the peak down to the budget (the budget is a
 knapsack-cover constraint, which the best ratio can overshoot), the cheapest
 few are each taken and followed by the undo pass, and the cheapest result is
-kept.  Exchanges are tried on the most expensive decisions first, a bounded
+kept; and a third time with every other recomputed window given its own end
+back first (a window ended at a chain that regenerated the storage given back
+would lose it), then, after the undo pass, regenerated storages kept from the
+first chain after which they fit (``Finisher._keep_regenerated``), compared
+with the plan as that pass would leave it: where the descent evicted the root
+of a chain, keeping the root through the peak lets the chain start there.
+Exchanges are tried on the most expensive decisions first, a bounded
 number of times (:data:`MAX_TRIES` per round, :data:`MAX_ROUNDS`,
 :data:`MAX_STEPS` local steps, :data:`EVALS_PER_STEP` candidates evaluated per
 step, best cached ratio first), and only on problems of at most
@@ -28,6 +34,7 @@ after it is undone), applied to Libra's greedy refinement (Wang, NTHU 2024).
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -148,6 +155,18 @@ def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, ba
     return (tl, records) if int(tl.memory().max()) <= budget else None
 
 
+def _reset_ends(ref: "_Refiner", tl: Timeline, records: dict) -> None:
+    """Every recomputed window in ``records`` whose end was moved to a chain
+    gets its own end back (a use of its storage)."""
+    for j in list(records):
+        if tl.pol[j] != REC:
+            continue
+        s, b = int(tl.w_s[j]), int(ref.orig_b[j])
+        if int(tl.w_b[j]) != b:
+            tl.move_end(j, b, tl.tensors_read_at(s, b))
+            records[j] = dataclasses.replace(records[j], before=b)
+
+
 def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_evals: int = 0
              ) -> tuple[Timeline, dict, int]:
     """Exchange moves (module docstring) from the prepared timeline ``tl`` and
@@ -169,23 +188,34 @@ def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_
     stop = ref.evals + max(MIN_EVALS, EVAL_RATIO * int(descent_evals))
     for _ in range(MAX_ROUNDS):
         cost = tl.added_s()
+        kept_cost = None   # the cost of ``tl`` once the finish keeps regenerated storages (computed when needed)
         found = None
         for j in sorted(records, key=lambda k: (-records[k].added_s, k))[:MAX_TRIES]:
             if records[j].added_s <= 0:
                 break
-            for finish_first in (False, True):
+            for finish_first, reset in ((False, False), (True, False), (False, True)):
                 t2, r2 = tl.copy(), dict(records)
                 eff = t2.evaluate(j, KEEP)
                 if not eff.feasible:
                     break
                 t2.apply(j, KEEP, eff)
                 del r2[j]
+                if reset:
+                    _reset_ends(ref, t2, r2)
                 done = _descend_local(ref, t2, r2, budget, banned | {j}, finish_first, stop)
                 if done is None:
                     continue
                 t2, r2 = done
                 _undo(ref, t2, r2, budget)
-                if t2.added_s() < cost * (1 - MIN_GAIN) and (found is None or t2.added_s() < found[0].added_s()):
+                limit = cost
+                if reset:   # compared with ``tl`` as the finish will make it: regenerated storages kept too
+                    ref._keep_regenerated(t2, r2, budget)
+                    if kept_cost is None:
+                        t3 = tl.copy()
+                        ref._keep_regenerated(t3, dict(records), budget)
+                        kept_cost = min(cost, t3.added_s())
+                    limit = kept_cost
+                if t2.added_s() < limit * (1 - MIN_GAIN) and (found is None or t2.added_s() < found[0].added_s()):
                     found = (t2, r2, j)
         if found is None:
             break

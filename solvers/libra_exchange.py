@@ -27,8 +27,10 @@ cheapest set of recomputed windows that removes, at every position over the
 budget, the excess bytes, under an additive model (each window frees its
 bytes over its range at its producer's recompute time), solved with HiGHS
 (``scipy.optimize.milp``) once per problem and budget; it is applied to a
-keep-everything timeline, completed by the local descent and the undo pass,
-and kept where it is cheaper.  It finds the several cheap recomputes a
+keep-everything timeline, completed by the local descent (at most
+:data:`MIN_EVALS` candidate evaluations) and the undo pass, and kept where it
+is cheaper; on two-phase problems only (default windows: on a single-phase
+graph chains are long and the additive model far off).  It finds the several cheap recomputes a
 best-ratio cover overshoots where one exchange is not enough.
 Exchanges are tried on the most expensive decisions first, a bounded
 number of times (:data:`MAX_TRIES` per round, :data:`MAX_ROUNDS`,
@@ -249,8 +251,8 @@ def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
     get within ``budget``."""
     from .libra_refine import _fresh_timeline
 
-    if not ref.allow_rec:
-        return None
+    if not ref.allow_rec or ref.mode != "default":
+        return None   # single-phase graphs ("all" windows): long chains, far from the additive model
     key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget))
     per = _COVERS.setdefault(ref.problem, {})
     if key not in per:
@@ -271,7 +273,7 @@ def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
                              peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory()[p]),
                              added_s=max(eff.cost_s, 0.0), recompute_s=max(eff.cost_s, 0.0), swap_s=None,
                              reason=REASON_EXCHANGE)
-    done = _descend_local(ref, tl, records, budget, set())
+    done = _descend_local(ref, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)
     if done is None:
         return None
     tl, records = done

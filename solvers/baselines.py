@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -50,8 +51,8 @@ from .result import OPTIMAL, RawSolution
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BaselinePlan", "NoRematSolver", "CheckpointAllSolver", "ChenSqrtSolver", "ChenGreedySolver", "SwapAllSolver",
-           "forward_cut_points", "safe_recompute_decisions", "segment_windows", "chen_greedy_checkpoints", "chen_sqrt_checkpoints"]
+__all__ = ["BaselinePlan", "BaselineCandidate", "recompute_bound_s", "NoRematSolver", "CheckpointAllSolver",
+           "ChenSqrtSolver", "ChenGreedySolver", "SwapAllSolver", "forward_cut_points", "safe_recompute_decisions", "segment_windows", "chen_greedy_checkpoints", "chen_sqrt_checkpoints"]
 
 _CHEN = ("Chen, Xu, Zhang, Guestrin. Training Deep Nets with Sublinear Memory Cost. arXiv:1604.06174, 2016")
 
@@ -109,6 +110,31 @@ def _last_uses(problem: RematProblem) -> dict[int, int]:
             for t in problem.tensors}
 
 
+_CHAIN_FACTS: "weakref.WeakKeyDictionary[RematProblem, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _chain_facts(problem: RematProblem) -> tuple[dict[int, int], list[bool]]:
+    """Per problem (built once): :func:`_last_uses`, and per tensor whether
+    it is *tainted*: an activation whose producer is not recomputable or
+    reads a tainted activation, i.e. one from which a walk back through
+    activations can reach a non-recomputable producer.  A recomputation
+    chain through untainted tensors only re-runs recomputable nodes, so
+    :func:`safe_recompute_decisions` walks tainted tensors only (the same
+    answer, without walking the chains of graphs that have no
+    non-recomputable op behind them)."""
+    facts = _CHAIN_FACTS.get(problem)
+    if facts is None:
+        tensors = problem.tensors
+        tainted = [False] * len(tensors)
+        for node in problem.nodes:   # eager order: a node's inputs are settled before its outputs
+            bad = not node.recomputable or any(tainted[v] for v in node.inputs)
+            if bad:
+                for t in node.outputs:
+                    tainted[t] = tensors[t].kind == ACTIVATION
+        facts = _CHAIN_FACTS[problem] = (_last_uses(problem), tainted)
+    return facts
+
+
 def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
                              windows: dict[int, tuple[int, int]] | None = None) -> dict[int, Policy]:
     """Recompute decisions for ``evict``, keeping what cannot be recomputed.
@@ -137,7 +163,7 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
     windows = default_windows(problem) if windows is None else windows
     tensors, nodes = problem.tensors, problem.nodes
     outputs = problem.output_set
-    last_use = _last_uses(problem)
+    last_use, tainted = _chain_facts(problem)
     want = [s for s in dict.fromkeys(evict) if s in windows]
     decisions = {s: Policy.RECOMPUTE for s in want}
 
@@ -148,7 +174,8 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
         return t.producer < before and (u in outputs or last_use[u] >= before)
 
     def chain_ok(s: int, seeds: list[int], before: int) -> bool:
-        stack = list(seeds)
+        # only tainted tensors can lead the walk to a non-recomputable producer: the rest are skipped
+        stack = [u for u in seeds if tainted[u]]
         seen: set[int] = set()
         while stack:
             u = stack.pop()
@@ -159,7 +186,7 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
             if not prod.recomputable:
                 return False
             for v in prod.inputs:
-                if tensors[v].kind != ACTIVATION or v in seen:
+                if not tainted[v] or v in seen:   # (an input that is not an activation is never tainted)
                     continue
                 if tensors[v].storage == s or not resident_at(v, before):
                     stack.append(v)
@@ -240,6 +267,17 @@ def _checkpoint_plan(problem: RematProblem, checkpoints: Iterable[int], windows
     dec = safe_recompute_decisions(problem, evict, segwin)
     dec.update({s: Policy.KEEP for s in kept if s in windows})
     return dec, segwin
+
+
+def _checkpoint_candidate(problem: RematProblem, checkpoints, windows, message: str, extras: dict
+                          ) -> "BaselineCandidate":
+    """The plan of :func:`_checkpoint_plan`, before it is lowered, with its :func:`recompute_bound_s`."""
+    dec, segwin = _checkpoint_plan(problem, checkpoints, windows)
+
+    def build() -> BaselinePlan:
+        sched, sim = _evaluate(problem, dec, segwin)
+        return BaselinePlan(sched, sim, message, extras)
+    return BaselineCandidate(build, recompute_bound_s(problem, dec))
 
 
 def _candidates(problem: RematProblem, which: str) -> list[int]:
@@ -353,6 +391,61 @@ class BaselinePlan:
     extras: dict
 
 
+class BaselineCandidate:
+    """One plan of a baseline before it is lowered and simulated, with a
+    lower bound on its simulated added time, so a caller comparing plans
+    (``libra``'s portfolio) builds only those that can win.
+
+    Attributes
+    ----------
+    added_s_bound : float
+        A lower bound on the plan's ``simulation.added_s`` (seconds), known
+        from its decisions alone (:func:`recompute_bound_s`; 0 where none is
+        known, as for swaps).
+
+    Methods
+    -------
+    plan() -> BaselinePlan
+        Lowers and simulates the plan on the first call and returns the same
+        :class:`BaselinePlan` after (errors of the lowering propagate).
+    """
+
+    __slots__ = ("added_s_bound", "_build", "_plan")
+
+    def __init__(self, build, added_s_bound: float = 0.0):
+        self.added_s_bound = float(added_s_bound)
+        self._build = build
+        self._plan: BaselinePlan | None = None
+
+    def plan(self) -> BaselinePlan:
+        """The plan, built once (see the class docstring)."""
+        if self._plan is None:
+            self._plan = self._build()
+            self._build = None
+        return self._plan
+
+
+def recompute_bound_s(problem: RematProblem, decisions: dict[int, Policy]) -> float:
+    """A lower bound on the simulated added time of the plan the lowering
+    makes of ``decisions`` over default or segment windows (seconds): the
+    recompute time (``problem.recompute_time``) of each distinct producer
+    of a storage whose policy is ``RECOMPUTE``.
+
+    Why it holds: such a storage is freed at its window's start and read at
+    or after its end (a window ends at a use, or earlier for Chen's segment
+    windows), so its producer runs again at least once, and the simulator
+    adds every recompute to the serial compute time (``added_s`` is the step
+    time minus the eager compute time; copies and stalls only add).  A
+    multi-output producer is counted once.
+    """
+    tensors = problem.tensors
+    producers = {tensors[s].producer for s, pol in decisions.items() if pol == Policy.RECOMPUTE}
+    if not producers:
+        return 0.0
+    rt = problem.recompute_time
+    return float(sum(float(rt[v]) for v in producers))
+
+
 def _first_fitting(problem: RematProblem, plans: Iterable[BaselinePlan], budget_bytes: int, solver: str,
                    detail: str, keep_all: bool = True) -> RawSolution:
     """The first of ``plans`` whose simulated peak is within ``budget_bytes``
@@ -426,12 +519,19 @@ class CheckpointAllSolver(Solver):
 
     def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
         """The one plan (budget-oblivious), as a one-item iterator."""
+        return (c.plan() for c in self.candidates(problem))
+
+    def candidates(self, problem: RematProblem) -> Iterator[BaselineCandidate]:
+        """:meth:`plans`, each before it is lowered, with its lower bound (:class:`BaselineCandidate`)."""
         windows = default_windows(problem)
         dec = safe_recompute_decisions(problem, windows, windows)
-        sched, sim = _evaluate(problem, dec, windows)
         n = sum(p == Policy.RECOMPUTE for p in dec.values())
-        yield BaselinePlan(sched, sim, f"recompute {n} of {len(windows)} saved activation storages",
-                           {"recomputed_storages": n, "kept_storages": len(dec) - n})
+
+        def build() -> BaselinePlan:
+            sched, sim = _evaluate(problem, dec, windows)
+            return BaselinePlan(sched, sim, f"recompute {n} of {len(windows)} saved activation storages",
+                                {"recomputed_storages": n, "kept_storages": len(dec) - n})
+        yield BaselineCandidate(build, recompute_bound_s(problem, dec))
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.plans(problem), budget_bytes, self.name, "recomputing every activation")
@@ -483,10 +583,14 @@ class ChenSqrtSolver(Solver):
 
     def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
         """The one plan (budget-oblivious), as a one-item iterator."""
+        return (c.plan() for c in self.candidates(problem))
+
+    def candidates(self, problem: RematProblem) -> Iterator[BaselineCandidate]:
+        """:meth:`plans`, each before it is lowered, with its lower bound (:class:`BaselineCandidate`)."""
         windows = default_windows(problem)
         ckpt = chen_sqrt_checkpoints(_candidates(problem, self.options.candidates))
-        sched, sim = _evaluate(problem, *_checkpoint_plan(problem, ckpt, windows))
-        yield BaselinePlan(sched, sim, f"{len(ckpt)} checkpoints (segment boundaries)", {"checkpoints": ckpt})
+        yield _checkpoint_candidate(problem, ckpt, windows, f"{len(ckpt)} checkpoints (segment boundaries)",
+                                    {"checkpoints": ckpt})
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.plans(problem), budget_bytes, self.name, "sqrt(n) checkpoints")
@@ -546,6 +650,10 @@ class ChenGreedySolver(Solver):
 
     def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
         """One plan per distinct checkpoint set over :meth:`thresholds`, lazily."""
+        return (c.plan() for c in self.candidates(problem))
+
+    def candidates(self, problem: RematProblem) -> Iterator[BaselineCandidate]:
+        """:meth:`plans`, each before it is lowered, with its lower bound (:class:`BaselineCandidate`)."""
         windows = default_windows(problem)
         cand = _candidates(problem, self.options.candidates)
         seen: set[tuple[int, ...]] = set()
@@ -554,9 +662,8 @@ class ChenGreedySolver(Solver):
             if ckpt in seen:
                 continue
             seen.add(ckpt)
-            sched, sim = _evaluate(problem, *_checkpoint_plan(problem, ckpt, windows))
-            yield BaselinePlan(sched, sim, f"segment threshold {b:.0f} bytes: {len(ckpt)} checkpoints",
-                               {"checkpoints": list(ckpt), "threshold_bytes": float(b)})
+            yield _checkpoint_candidate(problem, ckpt, windows, f"segment threshold {b:.0f} bytes: {len(ckpt)} "
+                                        f"checkpoints", {"checkpoints": list(ckpt), "threshold_bytes": float(b)})
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         plans = list(self.plans(problem))
@@ -611,12 +718,18 @@ class SwapAllSolver(Solver):
     def plans(self, problem: RematProblem) -> Iterator[BaselinePlan]:
         """The plan with the chosen ``prefetch``, then (unless it is
         ``"late"``) the late-prefetch one, lazily."""
+        return (c.plan() for c in self.candidates(problem))
+
+    def candidates(self, problem: RematProblem) -> Iterator[BaselineCandidate]:
+        """:meth:`plans`, each before it is lowered (:class:`BaselineCandidate`, no bound: 0)."""
         windows = default_windows(problem)
         dec = {s: Policy.SWAP for s in windows}
         for pf in [self.options.prefetch] + (["late"] if self.options.prefetch != "late" else []):
-            sched, sim = _evaluate(problem, dec, windows, prefetch=pf)
-            yield BaselinePlan(sched, sim, f"swap {len(dec)} storages, prefetch={pf!r}",
-                               {"swapped_storages": len(dec), "prefetch": pf})
+            def build(pf=pf) -> BaselinePlan:
+                sched, sim = _evaluate(problem, dec, windows, prefetch=pf)
+                return BaselinePlan(sched, sim, f"swap {len(dec)} storages, prefetch={pf!r}",
+                                    {"swapped_storages": len(dec), "prefetch": pf})
+            yield BaselineCandidate(build)
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.plans(problem), budget_bytes, self.name,

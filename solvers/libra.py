@@ -93,7 +93,7 @@ from libra_opt.simulator import no_remat_peak, simulate
 from libra_opt.units import parse_budget
 
 from .base import Solver
-from .baselines import BaselinePlan
+from .baselines import BaselineCandidate, BaselinePlan
 from .libra_finish import _Plan, _Snapshot
 from .libra_refine import _Refiner
 from .registry import register_solver, solver_class
@@ -210,7 +210,11 @@ class LibraOptions:
         meets the budget (their plans cost seconds to build there).  The result's ``extras["descent"]`` says
         which descent (or baseline) the plan came from.  ``max_steps`` and
         ``time_limit_s`` bound the descents only.  The baselines' plans are
-        built once per problem and reused by later solves of it.
+        built once per problem and reused by later solves of it, and where a
+        descent's plan meets the budget, only those whose lower bound on
+        added time (the recompute time of the producers they recompute) is
+        under that plan's: the same plan is returned, without lowering and
+        simulating the baselines that cannot win.
     """
 
     policy: str = "hybrid"
@@ -256,29 +260,57 @@ _POOL_PLANS: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDi
 
 
 class _BaselinePool:
-    """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.plans`
+    """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.candidates`
     and its siblings: each a fixed set of budget-independent plans), built
-    lazily, once per problem, and shared by its budgets and later solves."""
+    lazily, once per problem, and shared by its budgets and later solves.  A
+    plan is lowered and simulated only when asked for and, when compared with
+    a plan of the descents, only where its lower bound on added time
+    (:class:`~libra_opt.solvers.baselines.BaselineCandidate`) is below that
+    plan's: one that cannot be cheaper is never built."""
 
     def __init__(self, problem: RematProblem):
         self.problem = problem
         self.floor = memory_lower_bound(problem)   # below it nothing fits: no baseline is built
-        self._plans: dict[str, list[BaselinePlan]] = _POOL_PLANS.setdefault(problem, {})
+        self._cands: dict[str, list[BaselineCandidate]] = _POOL_PLANS.setdefault(problem, {})
 
-    def plans(self, name: str) -> list[BaselinePlan]:
-        """Every plan of baseline ``name``; none (logged) where building them fails."""
-        if name not in self._plans:
+    def _failed(self, name: str, e: Exception) -> None:
+        log.warning("libra: baseline %r failed on %r (%s: %s); left out of the portfolio", name,
+                    self.problem.name, type(e).__name__, e)
+        self._cands[name] = []
+
+    def candidates(self, name: str) -> list[BaselineCandidate]:
+        """Every plan of baseline ``name``, unbuilt; none (logged) where listing them fails."""
+        if name not in self._cands:
             try:
-                self._plans[name] = list(solver_class(name)().plans(self.problem))
+                self._cands[name] = list(solver_class(name)().candidates(self.problem))
             except Exception as e:   # a baseline's bug must not take libra's own plan down with it
-                log.warning("libra: baseline %r failed on %r (%s: %s); left out of the portfolio", name,
-                            self.problem.name, type(e).__name__, e)
-                self._plans[name] = []
-        return self._plans[name]
+                self._failed(name, e)
+        return self._cands[name]
 
-    def best(self, names: Sequence[str], budget: int) -> tuple[str, BaselinePlan] | None:
-        """The cheapest plan (simulated added seconds) of ``names`` within ``budget`` bytes."""
-        fit = [(p.simulation.added_s, k, name, p) for k, name in enumerate(names) for p in self.plans(name)
+    def plans(self, name: str, below: float | None = None) -> list[BaselinePlan]:
+        """The plans of baseline ``name`` (built on first use); with ``below``
+        (seconds), only those whose lower bound on added time is under it.
+        None (logged) where building one fails."""
+        out = []
+        for c in self.candidates(name):
+            if below is not None and c.added_s_bound - below > self.BOUND_SLACK * (self.problem.total_compute_s + below):
+                continue   # its added time is at least the bound: never cheaper than ``below``
+            try:
+                out.append(c.plan())
+            except Exception as e:   # as in candidates()
+                self._failed(name, e)
+                return []
+        return out
+
+    #: relative slack on the bounds: the simulator sums times in another order than the bound
+    BOUND_SLACK = 1e-9
+
+    def best(self, names: Sequence[str], budget: int, below: float | None = None) -> tuple[str, BaselinePlan] | None:
+        """The cheapest plan (simulated added seconds) of ``names`` within
+        ``budget`` bytes; with ``below`` (seconds), the plans whose lower bound
+        is not under it are left out (so the answer is the same wherever the
+        cheapest plan is cheaper than ``below``)."""
+        fit = [(p.simulation.added_s, k, name, p) for k, name in enumerate(names) for p in self.plans(name, below)
                if p.simulation.peak_bytes <= budget]
         return min(fit, key=lambda c: c[:2])[2:] if fit else None
 
@@ -548,14 +580,16 @@ class LibraSolver(Solver):
         recompute = self.options.policy == "recompute"
         if pool is not None and budget >= pool.floor:
             small = pool.problem.num_nodes <= self.POOL_MAX_NODES
+            # where a descent's plan is found, only baselines' plans that can be cheaper are built
+            below = found.simulation.added_s if found is not None else None
             if recompute and (found is None or small):
-                hit = pool.best(RECOMPUTE_BASELINES, budget) if found is None or found.simulation.added_s > 0 else None
+                hit = pool.best(RECOMPUTE_BASELINES, budget, below) if found is None or below > 0 else None
             elif recompute:
                 hit = None
             elif found is not None and small:   # hybrid: every baseline, as recompute-only mode compares its own
-                hit = pool.best(PORTFOLIO_BASELINES, budget) if found.simulation.added_s > 0 else None
+                hit = pool.best(PORTFOLIO_BASELINES, budget, below) if below > 0 else None
             else:
-                hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget)
+                hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget, below)
             if found is None and hit is not None and not recompute:
                 hit = pool.best(PORTFOLIO_BASELINES, budget)   # one meets it: the checkpointing ones may be cheaper
             if hit is not None and (found is None or hit[1].simulation.added_s < found.simulation.added_s):

@@ -226,26 +226,25 @@ class Finisher:
         """Where a recomputation chain regenerates an evicted storage before its
         own use, keep it from there instead of recomputing it again later
         (Chen et al.'s segment-wise regeneration), when the budget allows and
-        it saves time: the window ends at that chain.  Returns how many."""
+        it saves time: the window ends at that chain, the earliest such chain
+        after which the storage fits under the budget.  Returns how many."""
         done = 0
         for j in sorted((k for k in records if tl.pol[k] == REC), key=lambda k: -int(tl.w_a[k])):
             s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
             qs = [q for q in tl.touch.get(s, ()) if a < q < b and q in tl.chains
                   and any(tl.t_storage[t] == s for t in tl.chains[q].made)]
-            if not qs:
-                continue
-            q = min(qs)
-            if int(tl.memory()[q:b].max()) + int(tl.w_bytes[j]) > budget:
-                continue
-            made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
-            cost = tl.added_s()
-            old = tl.window_state(j)
-            tl.move_end(j, q, made)
-            if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
-                records[j] = dataclasses.replace(records[j], before=q)
-                done += 1
-                continue
-            tl.move_end(j, state=old)   # no gain or over budget: back to the window it had
+            for q in sorted(qs):   # the earliest chain first (most saved); a later one where that does not fit
+                if int(tl.memory()[q:b].max()) + int(tl.w_bytes[j]) > budget:
+                    continue
+                made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
+                cost = tl.added_s()
+                old = tl.window_state(j)
+                tl.move_end(j, q, made)
+                if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
+                    records[j] = dataclasses.replace(records[j], before=q)
+                    done += 1
+                    break
+                tl.move_end(j, state=old)   # no gain or over budget: back to the window it had
         if done and tl.swap.ids.size:
             tl.refresh_swaps()
         return done

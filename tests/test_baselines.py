@@ -309,3 +309,52 @@ def test_checkpointing_baselines_plan_the_no_remat_peak_on_a_random_layered_grap
             if r.extras.get("fallback") == "keep-all":
                 fell_back.add(name)
     assert fell_back, "no generated graph exercised the keep-all fallback"
+
+
+def _bound_problems():
+    from libra_opt import generators as G
+    return [layered_chain()[0], G.random_layered_graph(40, seed=1), G.large_beside_small_graph(16, seed=3),
+            G.unet_graph()]
+
+
+@pytest.mark.parametrize("name", ["checkpoint-all", "chen-sqrt", "chen-greedy", "swap-all"])
+def test_candidates_bound_the_simulated_added_time_and_are_the_plans(name):
+    """Each candidate's ``added_s_bound`` (the recompute time of the producers it recomputes) is at most
+    its plan's simulated added time, and the candidates build exactly the plans ``plans()`` returns."""
+    from libra_opt.solvers.baselines import recompute_bound_s
+    for p in _bound_problems():
+        cands = list(solver_class(name)().candidates(p))
+        plans = list(solver_class(name)().plans(p))
+        assert len(cands) == len(plans) >= 1
+        for c, plan in zip(cands, plans):
+            built = c.plan()
+            assert built is c.plan()   # built once
+            assert built.schedule.instructions == plan.schedule.instructions
+            assert c.added_s_bound <= built.simulation.added_s * (1 + 1e-9) + 1e-12
+            if name != "swap-all":
+                assert (c.added_s_bound > 0) == (built.simulation.recompute_s > 0)
+    assert recompute_bound_s(p, {}) == 0.0
+
+
+def test_libra_pool_builds_only_plans_that_can_win():
+    """``libra``'s baseline pool with ``below`` returns the same cheapest plan as without it wherever that
+    plan is cheaper than ``below``, and builds no plan whose bound is above ``below``."""
+    from libra_opt.simulator import no_remat_peak
+    from libra_opt.solvers.libra import RECOMPUTE_BASELINES, _BaselinePool, _POOL_PLANS
+    for p in _bound_problems():
+        peak = no_remat_peak(p)
+        full = _BaselinePool(p)
+        for budget in (peak, int(0.8 * peak), int(0.6 * peak)):
+            best = full.best(RECOMPUTE_BASELINES, budget)
+            if best is None:
+                continue
+            for below in (best[1].simulation.added_s * 1.01 + 1e-9, best[1].simulation.added_s / 2):
+                _POOL_PLANS.pop(p, None)
+                pool = _BaselinePool(p)
+                hit = pool.best(RECOMPUTE_BASELINES, budget, below)
+                if best[1].simulation.added_s < below:
+                    assert hit is not None and hit[0] == best[0]
+                    assert hit[1].schedule.instructions == best[1].schedule.instructions
+                built = [c for n in RECOMPUTE_BASELINES for c in pool.candidates(n) if c._plan is not None]
+                assert all(c.added_s_bound <= below * (1 + 1e-6) for c in built)
+        _POOL_PLANS.pop(p, None)

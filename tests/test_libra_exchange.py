@@ -50,6 +50,31 @@ def test_several_cheap_recomputes_instead_of_one_costly(n, seed):
     within_optimum(G.large_beside_small_graph(n, seed=seed), (0.9, 0.8, 0.7))
 
 
+def test_chain_root_kept_through_the_peak():
+    """large_beside_small n16 seed 3 at 0.8: the optimum keeps the first small activation through the
+    peak, so that the chain regenerating the three after it starts there, and keeps the second one
+    from the chain before the last backward use instead of recomputing it again.  The descent evicts
+    the chain's root (1.19x the optimum); an exchange giving it back must restore the other windows'
+    own ends (a chain that regenerated it no longer does) and then keep each storage from the first
+    chain after which it fits (not only from the first chain), which finds the 1.03x plan."""
+    within_optimum(G.large_beside_small_graph(16, seed=3), (0.8,))
+
+
+def test_covering_program_takes_several_cheap_recomputes(monkeypatch):
+    """large_beside_small n24 seed 3 at 0.8: the best-ratio recomputes overshoot what the budget
+    needs at two levels of the backward; the covering program over the windows (an additive
+    model of what each recompute frees where, solved with HiGHS) finds the proven optimum, which
+    the exchange moves alone miss."""
+    import libra_opt.solvers.libra_exchange as X
+    p = G.large_beside_small_graph(24, seed=3)
+    within_optimum(p, (0.8,))
+    r = solve(p, 0.8, "libra", policy="recompute")
+    assert any(d["reason"] == "exchange" for d in r.extras["decisions"])
+    monkeypatch.setattr(X, "COVER_MAX_NODES", 0)
+    plain = solve(G.large_beside_small_graph(24, seed=3), 0.8, "libra", policy="recompute")
+    assert r.added_s < plain.added_s
+
+
 def test_exchange_covers_the_budget_with_cheaper_recomputes():
     """At 0.9 of the peak the descent's three recomputes (the best ratios first) overshoot what
     the budget needs; an exchange gives one back and covers the budget with one cheaper

@@ -22,7 +22,11 @@ the plan frees a value later than its last reader a :func:`release` node
 marks the ``Free``, so the graphs' liveness is exactly the plan's (the
 graphs use the boxed calling convention, so saved values are released inside
 the backward graph too); ``SwapOut`` / ``SwapIn`` / ``Wait`` call
-:class:`~libra_opt.runtime.swap.SwapManager` methods.  An output of a
+:class:`~libra_opt.runtime.swap.SwapManager` methods (a ``Wait`` for a
+swap-out, see :func:`~libra_opt.schedule.wait_kinds`, calls
+:meth:`~libra_opt.runtime.swap.SwapManager.wait_offload` on the host copy:
+the compute stream waits for the copy and the storage returns to the
+allocator there).  An output of a
 recomputed node that is still resident keeps its value (the recomputed one
 is dropped at once), exactly as the simulator counts it; this is also why a
 recomputed functional BatchNorm never updates the running statistics twice:
@@ -52,7 +56,7 @@ from libra_opt.capture import mutated_primals, tensor_values
 from libra_opt.capture_passes import RNG_STATE_META, replay_random
 from libra_opt.errors import RuntimeExecutionError
 from libra_opt.problem import BACKWARD, FORWARD, RematProblem
-from libra_opt.schedule import Op, Schedule
+from libra_opt.schedule import Op, Schedule, wait_kinds
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +186,10 @@ def _host_fake(fake):
 class _Emitter:
     """Emits instructions into one FX graph."""
 
-    def __init__(self, b: _Binding, graph: fx.Graph, swap, last_swap_in: dict[int, int], phase: str):
+    def __init__(self, b: _Binding, graph: fx.Graph, swap, last_swap_in: dict[int, int], phase: str,
+                 out_waits: frozenset = frozenset()):
         self.b = b
+        self.out_waits = out_waits   # instruction indices of the Waits for a swap-out
         self.p = b.problem
         self.g = graph
         self.swap = swap
@@ -303,6 +309,16 @@ class _Emitter:
         self.pending[tid] = nd
         self.last_read, self.last_made = {self.host[tid]}, {nd}
 
+    def wait_out(self, tid: int) -> None:
+        """A ``Wait`` for the swap-out of ``tid``: the compute stream waits for
+        the copy into its host buffer, and the storage is released there."""
+        if self.p.tensors[tid].nbytes == 0:
+            return
+        self.flush()
+        host = self.host[tid]
+        self.g.call_function(self.swap.wait_offload, (host,))
+        self.last_read, self.last_made = {host}, set()
+
     def wait(self, tid: int) -> None:
         if tid not in self.pending and tid in self.env:
             return                 # waited for at the end of the forward part already
@@ -327,6 +343,8 @@ class _Emitter:
                     self.swap_out(ins.arg)
                 elif ins.op == Op.SWAP_IN:
                     self.swap_in(ins.arg, k)
+                elif k in self.out_waits:
+                    self.wait_out(ins.arg)
                 else:
                     self.wait(ins.arg)
             except KeyError as e:
@@ -335,16 +353,19 @@ class _Emitter:
                                             f"libra_opt.simulate") from None
 
 
-def _needed_after(problem: RematProblem, instrs, env: set[int], host: set[int], end_uses: list[int]):
+def _needed_after(problem: RematProblem, instrs, env: set[int], host: set[int], end_uses: list[int],
+                  out_waits: frozenset = frozenset(), start: int = 0):
     """Tensors of ``env`` / storages of ``host`` that instructions ``instrs``
     (then the backward outputs ``end_uses``) read, or free, before redefining
     them: a value the plan frees only in the backward part stays resident
-    until then, as the simulator counts it."""
+    until then, as the simulator counts it.  ``out_waits``: indices (the
+    first instruction being ``start``) of the Waits for a swap-out, which
+    read the host copy."""
     origin = {t: True for t in env}          # True: value comes from the forward part
     horigin = {t: True for t in host}
     need_env: dict[int, None] = {}
     need_host: dict[int, None] = {}
-    for ins in instrs:
+    for k, ins in enumerate(instrs, start):
         a = ins.arg
         if ins.op == Op.COMPUTE:
             for t in problem.nodes[a].inputs:
@@ -360,6 +381,9 @@ def _needed_after(problem: RematProblem, instrs, env: set[int], host: set[int], 
                 need_env[a] = None
             horigin[a] = False
         elif ins.op == Op.SWAP_IN:
+            if horigin.get(a):
+                need_host[a] = None
+        elif ins.op == Op.WAIT and k in out_waits:
             if horigin.get(a):
                 need_host[a] = None
         elif ins.op == Op.WAIT:
@@ -403,6 +427,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
     for k, ins in enumerate(instrs):
         if ins.op == Op.SWAP_IN:
             last_swap_in[ins.arg] = k
+    out_waits = frozenset(k for k, op in wait_kinds(instrs).items() if op == Op.SWAP_OUT)
     out_node = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(out_node.args[0])
     fwd_outs, bwd_outs = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
@@ -412,7 +437,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
 
     # ---------------------------------------------------------------- forward
     fg = fx.Graph()
-    fe = _Emitter(b, fg, swap, last_swap_in, FORWARD)
+    fe = _Emitter(b, fg, swap, last_swap_in, FORWARD, out_waits)
     for ph in primal_ph:
         nd = fg.placeholder(ph.name)
         nd.meta = dict(ph.meta)
@@ -431,7 +456,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
     end_uses = [b.tid_of(a) for a in bwd_outs if isinstance(a, fx.Node) and a.op != "get_attr"]
     tangent_ids = {b.tid_of(ph) for ph in tangent_ph}
     need_env, need_host = _needed_after(problem, instrs[split:], set(fe.env) | tangent_ids, set(fe.host),
-                                        [t for t in end_uses if t is not None])
+                                        [t for t in end_uses if t is not None], out_waits, split)
     need_env = [t for t in need_env if t not in tangent_ids]
     # Saved values: tensors autograd checks for in-place changes first, then the ones it must not check
     # (AOTAutograd's convention, "saved_tensor_with_no_vc_check" last): primals the step mutates (the
@@ -450,7 +475,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
 
     # ---------------------------------------------------------------- backward
     bg = fx.Graph()
-    be = _Emitter(b, bg, swap, last_swap_in, BACKWARD)
+    be = _Emitter(b, bg, swap, last_swap_in, BACKWARD, out_waits)
     be.computed = set(fe.computed)
     be.swapping = set(fe.swapping)          # copies issued in the forward may still be in flight
     saved_names = []

@@ -143,6 +143,18 @@ class LibraOptions:
         Safety margin on transfers, dimensionless: a transfer is planned as if
         it took ``1 + swap_overlap_margin`` times ``bytes / bandwidth``, so
         swaps are only taken where they hide with that much slack.
+    swap_waits : bool or None
+        Where a swap's copy out cannot end before the peak (a forward pass
+        that produces activations faster than the link moves them), let the
+        swap wait for its copy out right before the peak (a stall, added
+        time; ``Eviction.out_wait``), so that swapping reaches budgets down
+        to the memory floor.  Only on devices whose copies overlap compute.
+        ``None`` (the default): in swap-only mode; in hybrid mode, a
+        swap-only descent with waits runs where no descent without them
+        meets the budget (the stalls rarely pay where a budget is met
+        otherwise, and such a descent takes many more steps: seconds on
+        thousands of nodes), so that hybrid reaches as low as swap-only
+        mode.  ``True`` / ``False``: every descent does / none does.
     windows : {"auto", "default", "all"}
         Candidate eviction windows: ``"default"`` one per storage
         (:func:`~libra_opt.lowering.default_windows`), ``"all"`` every gap
@@ -217,6 +229,7 @@ class LibraOptions:
     time_limit_s: float | None = None
     max_steps: int | None = None
     swap_overlap_margin: float = 0.0
+    swap_waits: bool | None = None
     windows: str = "auto"
     undo: bool = True
     max_repair_steps: int = 32
@@ -328,8 +341,10 @@ class LibraSolver(Solver):
         refs = [_Refiner(problem, o)]
         if not o.portfolio or o.policy == "swap":
             return refs
-        if o.policy == "hybrid":
-            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol)) for pol in ("recompute", "swap")]
+        if o.policy == "hybrid":   # (waits for copies out: only as set, or as a fallback, see _fallbacks)
+            waits = bool(o.swap_waits)
+            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
+                     for pol in ("recompute", "swap")]
             if problem.num_nodes > self.POOL_MAX_NODES:    # large problems: the three descents only (speed)
                 return refs
             # recompute-only mode's extra descents too: a recompute-only plan is a hybrid plan, so hybrid
@@ -359,7 +374,10 @@ class LibraSolver(Solver):
         ``windows="auto"``, when every descent used the default eviction windows (one per storage, from its
         last forward use to its first backward use), one over every window
         (a storage freed and regenerated between two backward uses: without
-        it, budgets a plan meets were stated infeasible).  ``force``: for
+        it, budgets a plan meets were stated infeasible); in hybrid mode with
+        ``swap_waits=None``, a swap-only descent that waits for copies out
+        (it reaches down to the memory floor, paying stalls; over every
+        window with ``windows="auto"``).  ``force``: for
         every budget of ``budgets`` (their snapshots did not lower within
         them), as a solve of several budgets runs them for one it misses."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
@@ -371,6 +389,14 @@ class LibraSolver(Solver):
         main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
         if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
             more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
+        o = self.options
+        if (o.policy == "hybrid" and o.portfolio and o.swap_waits is None and problem.device.copies_overlap_compute
+                and not any(ref.allow_wait for ref in refs)):
+            # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
+            # every window with windows="auto": swap-only mode's own fallback, which reaches lowest)
+            win = "all" if o.windows == "auto" else o.windows
+            more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True,
+                                                              windows=win)))
         if not more:
             return [], []
         for ref in more:

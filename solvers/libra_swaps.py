@@ -74,60 +74,43 @@ class SwapPlanner:
                 self.wait_q[j], self.wait_off[j] = (w if w is not None else (-1, 0.0))
         self._dirty = set()
 
-    def _out_waits(self, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, s: np.ndarray, first: np.ndarray,
-                   inv: np.ndarray, o: np.ndarray, d_o: np.ndarray, prod_o: np.ndarray, wt: np.ndarray):
-        """Replay the device-to-host queue forwards with the waits for copies
-        out (``wt``: wait position per swap, -1 none): a wait before node ``w``
-        stalls until its copy ends, delaying every later node and copy issue.
-        Returns (copy end per unique storage in queue order, stall per swap,
-        stall per position)."""
+    def _out_waits(self, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, n: int, first: np.ndarray,
+                   o: np.ndarray, d_o: np.ndarray, prod_o: np.ndarray, wt: np.ndarray):
+        """The device-to-host queue with the waits for copies out (``wt``: wait
+        position per swap, -1 none; only a storage's first swap window has
+        one): a wait before node ``w`` stalls until its copy ends, delaying
+        every later node and copy issue.
+
+        With ``D`` the delay so far, a copy issued after node ``p`` ends at
+        ``max(previous end, Tend[p] + D(p)) + duration`` and a wait before node
+        ``w`` raises ``D`` to ``end - chain start(w)``: two running maxima,
+        solved by iterating both vectorized from ``D = 0`` until ``D`` is stable
+        (monotone; the least fixed point is the sequential replay's).
+        Returns (copy end per unique storage in queue order, shape ``(U,)``;
+        stall per swap, shape ``(n,)``; stall per position, shape ``(N,)``)."""
         N = self.N
-        U = len(o)
-        # per unique storage: the earliest wait of its windows (its Wait is emitted there)
-        uw = np.full(len(first), N + 1, dtype=np.int64)
-        has = wt >= 0
-        np.minimum.at(uw, inv[has], wt[has])
-        uw_o = uw[o]
-        k_of = np.empty(len(first), dtype=np.int64)   # unique storage -> index in queue order
-        k_of[o] = np.arange(U)
-        waits = sorted((int(uw[u]), int(k_of[u])) for u in np.flatnonzero(uw <= N))
-        ends = [0.0] * U
-        ustall = [0.0] * U
-        at_pos: dict[int, float] = {}
-        start_l = (T - regen_time).tolist()
-        tend_l = Tend.tolist()
-        d_l = d_o.tolist()
-        prod_l = prod_o.tolist()
-        D = free = 0.0
-        kw, nw = 0, len(waits)
-        for k in range(U + 1):   # k == U: the waits after the last copy is issued
-            pk = prod_l[k] if k < U else N
-            while kw < nw and waits[kw][0] <= pk:   # waits before node pk (its copy out was issued earlier)
-                w, kk = waits[kw]
-                st = ends[kk] - (start_l[w] + D)
-                if st > 0:
-                    D += st
-                    ustall[kk] += st
-                    at_pos[w] = at_pos.get(w, 0.0) + st
-                kw += 1
-            if k < U:
-                issue = tend_l[pk] + D
-                free = ends[k] = (issue if issue > free else free) + d_l[k]
+        wq = wt[first][o]                  # wait position per copy, in queue order
+        ks = np.flatnonzero(wq >= 0)
+        ks = ks[np.lexsort((ks, wq[ks]))]  # waits in the order the compute stream meets them
+        wpos = wq[ks]
+        start_w = (T - regen_time)[wpos]
+        S = np.cumsum(d_o)
+        base = Tend[prod_o] - (S - d_o)
+        m_at = np.searchsorted(wpos, prod_o, side="right") - 1   # last wait before each copy's issue
+        D = np.zeros(len(ks))
+        while True:
+            Dk = np.where(m_at >= 0, D[np.maximum(m_at, 0)], 0.0) if len(ks) else 0.0
+            ends = S + np.maximum.accumulate(base + Dk)
+            D_new = np.maximum.accumulate(np.maximum(ends[ks] - start_w, 0.0))
+            if np.array_equal(D_new, D):
+                break
+            D = D_new
+        st = np.diff(D, prepend=0.0)
         stall_pos = np.zeros(N)
-        for w, st in at_pos.items():
-            stall_pos[w] = st
-        # the stall of a storage's wait is charged to the window whose wait it is (the earliest)
-        stall = np.zeros(len(s))
-        ust = np.asarray(ustall)[k_of[inv]]
-        mine = has & (wt == uw[inv])
-        first_mine = np.zeros(len(s), dtype=bool)
-        seen = set()
-        for x in np.flatnonzero(mine).tolist():
-            if int(inv[x]) not in seen:
-                seen.add(int(inv[x]))
-                first_mine[x] = True
-        stall[first_mine] = ust[first_mine]
-        return np.asarray(ends), stall, stall_pos
+        np.add.at(stall_pos, wpos, st)
+        stall = np.zeros(n)
+        stall[first[o[ks]]] = st
+        return ends, stall, stall_pos
 
     def _swap_layer(self, ids: np.ndarray, regen_time: np.ndarray, floor: tuple | None = None,
                     wait: tuple | None = None) -> SwapLayer:
@@ -168,7 +151,7 @@ class SwapPlanner:
         wt = np.where(wt > self.touch_first[ids], -1, wt)
         out_stall = None
         if self.overlap and (wt >= 0).any():   # waits for copies out: replay the queue with their stalls
-            ends_sorted, out_stall, stall_pos = self._out_waits(T, Tend, regen_time, s, first, inv, o, d_o,
+            ends_sorted, out_stall, stall_pos = self._out_waits(T, Tend, regen_time, len(ids), first, o, d_o,
                                                                 prod[first][o], wt)
             T = T + np.cumsum(stall_pos)
             Tend = T + self.node_time

@@ -265,7 +265,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         by (storage, after); swaps carry the model's prefetch position."""
         out = []
         sw = self.swap
-        waits = dict(zip(sw.ids.tolist(), sw.wait.tolist())) if sw.wait is not None else {}
+        waits = dict(zip(sw.ids.tolist(), sw.wait.tolist()))
         for j in np.flatnonzero(self.pol):
             pol = int(self.pol[j])
             b = int(self.w_b[j])

@@ -118,7 +118,8 @@ class SwapPlanner:
         removal = np.zeros(N + 2, dtype=np.int64)
         if len(ids) == 0:
             z = np.zeros(0)
-            return SwapLayer(ids, z.astype(np.int64), z.astype(np.int64), z, z, removal[:N], removal[:N].copy())
+            return SwapLayer(ids, z.astype(np.int64), z.astype(np.int64), z, z, removal[:N], removal[:N].copy(),
+                             wait=z.astype(np.int64))
         ids = np.sort(ids)
         s, a, b, nbytes, prod = self.w_s[ids], self.w_a[ids], self.w_b[ids], self.w_bytes[ids], self.w_prod[ids]
         f = 1.0 + self.margin

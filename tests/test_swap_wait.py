@@ -130,11 +130,9 @@ def test_swap_only_reaches_the_floor_only_with_waits():
     assert get_solver("libra").solve(p, floor).peak_bytes <= floor   # hybrid reaches it too
 
 
-@pytest.mark.parametrize("seed", range(16))
-def test_estimate_matches_the_simulator_with_waits(seed):
-    """Random recompute / swap decisions on a slow link, swaps waiting for their copy out at
-    random positions: where no swap-in is issued before its copy out ends (the model's
-    ``pessimistic`` case), the incremental model's peak and added time equal the simulator's."""
+def random_decisions(seed):
+    """A random two-phase problem on a slow link and a :class:`Timeline` with random recompute /
+    swap decisions, swaps waiting for their copy out at random positions."""
     rng = random.Random(seed)
     p = fwd_bwd(seed, rng.randint(6, 10), views=seed % 2 == 0, bandwidth=rng.choice([4.0, 8.0]))
     wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
@@ -146,6 +144,15 @@ def test_estimate_matches_the_simulator_with_waits(seed):
         elif r < 0.8:
             w = rng.randint(a + 1, b - 1) if b - a >= 2 and rng.random() < 0.6 else -1
             tl.apply(j, SWAP, tl.evaluate(j, SWAP, wait=w))
+    return p, tl
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_estimate_matches_the_simulator_with_waits(seed):
+    """Random recompute / swap decisions on a slow link, swaps waiting for their copy out at
+    random positions: where no swap-in is issued before its copy out ends (the model's
+    ``pessimistic`` case), the incremental model's peak and added time equal the simulator's."""
+    p, tl = random_decisions(seed)
     sched = lower(p, tl.evictions())
     sim = simulate(p, sched)
     if tl.swap.pessimistic:   # the model over-counts there (as without waits)
@@ -160,17 +167,7 @@ def test_estimate_cases_with_waits_are_exercised():
     """The seeds above include plans with swap-out waits the model replays exactly."""
     exact = 0
     for seed in range(16):
-        rng = random.Random(seed)
-        p = fwd_bwd(seed, rng.randint(6, 10), views=seed % 2 == 0, bandwidth=rng.choice([4.0, 8.0]))
-        wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
-        tl = Timeline(p, wins)
-        for j, (s, a, b) in enumerate(wins):
-            r = rng.random()
-            if r < 0.3:
-                tl.apply(j, REC)
-            elif r < 0.8:
-                w = rng.randint(a + 1, b - 1) if b - a >= 2 and rng.random() < 0.6 else -1
-                tl.apply(j, SWAP, tl.evaluate(j, SWAP, wait=w))
+        _, tl = random_decisions(seed)
         if not tl.swap.pessimistic and (tl.swap.stall_s > 0).any() and (tl.swap.wait >= 0).any():
             exact += 1
     assert exact >= 4

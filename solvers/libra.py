@@ -154,7 +154,8 @@ class LibraOptions:
         meets the budget (the stalls rarely pay where a budget is met
         otherwise, and such a descent takes many more steps: seconds on
         thousands of nodes), so that hybrid reaches as low as swap-only
-        mode.  ``True`` / ``False``: every descent does / none does.
+        mode (on problems of more than ``LibraSolver.POOL_MAX_NODES`` nodes
+        within ``LibraSolver.SWAP_WAIT_SHARE`` of the other descents' time).  ``True`` / ``False``: every descent does / none does.
     windows : {"auto", "default", "all"}
         Candidate eviction windows: ``"default"`` one per storage
         (:func:`~libra_opt.lowering.default_windows`), ``"all"`` every gap
@@ -377,7 +378,8 @@ class LibraSolver(Solver):
         it, budgets a plan meets were stated infeasible); in hybrid mode with
         ``swap_waits=None``, a swap-only descent that waits for copies out
         (it reaches down to the memory floor, paying stalls; over every
-        window with ``windows="auto"``).  ``force``: for
+        window with ``windows="auto"``; on large problems for at most
+        :attr:`SWAP_WAIT_SHARE` of the others' time).  ``force``: for
         every budget of ``budgets`` (their snapshots did not lower within
         them), as a solve of several budgets runs them for one it misses."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
@@ -395,8 +397,11 @@ class LibraSolver(Solver):
             # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
             # every window with windows="auto": swap-only mode's own fallback, which reaches lowest)
             win = "all" if o.windows == "auto" else o.windows
-            more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True,
-                                                              windows=win)))
+            ref = _Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
+            if o.time_limit_s is None and problem.num_nodes > self.POOL_MAX_NODES:
+                # it takes many more steps than the others: on large problems, at most as long as they took
+                ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
+            more.append(ref)
         if not more:
             return [], []
         for ref in more:
@@ -473,6 +478,10 @@ class LibraSolver(Solver):
     #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
     #: share of the cheapest one's
     EXCHANGE_SPAN = 0.05
+    #: on problems of more than ``POOL_MAX_NODES`` nodes, hybrid's fallback swap-only descent that waits
+    #: for copies out (``LibraOptions.swap_waits``) refines for at most this share of the seconds the
+    #: other descents took (at least 1 s): it takes many more steps (minutes on thousands of nodes)
+    SWAP_WAIT_SHARE = 1.0
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
     #: budgets planned per round

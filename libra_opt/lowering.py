@@ -18,6 +18,12 @@ The rules (shared by the ``libra`` solver and the baselines):
   hides behind compute, walking the host-to-device queue backwards from the last
   use so that prefetches do not collide (``prefetch="auto"``); ``"late"`` issues
   it right before use, an ``int`` k issues it k nodes ahead.
+- A swap may also *wait for its copy out* (``Eviction.out_wait``): where the
+  device-to-host copy cannot end before a position where the storage must be
+  gone (a forward pass that produces activations faster than the link moves
+  them), the compute stream waits for that copy right before that position
+  (``Wait`` after ``SwapOut`` and ``Free``: a stall), and the storage's bytes
+  are released there.
 - A storage with a host copy is swapped back in (never recomputed) when its
   producer is not recomputable.
 - A multi-output op may be recomputed for one output while another output's
@@ -73,7 +79,13 @@ class Eviction:
     the storage to recompute right before node ``before`` even if that node
     does not read them (*early regeneration*: the chain runs where memory is
     low, and they stay resident until their next use); empty: regenerate on
-    demand at the first use after ``after``."""
+    demand at the first use after ``after``.  ``out_wait``: for a swap, the
+    compute stream waits for the storage's copy out right before node
+    ``out_wait`` (before its recomputation chain, after the instructions of
+    node ``out_wait - 1``), so that the storage is released there even where
+    the copy has not ended (a stall); ``after < out_wait < before``.  No wait
+    is emitted where an earlier window of the storage already waited for the
+    copy or a swap-in followed it."""
 
     storage: int
     after: int
@@ -81,6 +93,7 @@ class Eviction:
     policy: Policy
     prefetch_after: int | None = None
     regenerate: tuple = ()
+    out_wait: int | None = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +252,9 @@ class _Lowerer:
             if u[0] > ev.after:
                 raise ScheduleError(f"eviction of {self._n(s)} after position {ev.after}, before it is produced "
                                     f"(position {u[0]})")
+            if ev.out_wait is not None and (ev.policy != Policy.SWAP or not ev.after < ev.out_wait < ev.before):
+                raise ScheduleError(f"eviction of {self._n(s)}: out_wait={ev.out_wait} needs policy swap and "
+                                    f"after ({ev.after}) < out_wait < before ({ev.before})")
             self.windows.setdefault(s, []).append(ev)
         for t, u in self.until.items():
             for ev in self.windows.get(self._storage[t], ()):
@@ -269,6 +285,7 @@ class _Lowerer:
         self.evict_at: dict[int, list[int]] = {}
         self.swap_out_at: dict[int, list[int]] = {}
         self.prefetch_at: dict[int, list[int]] = {}
+        self.out_wait_at: dict[int, list[int]] = {}   # position i -> storages whose copy out is waited for after i
         self.off: dict[int, list[tuple[int, int]]] = {}
         self._plan_prefetches()
 
@@ -295,6 +312,8 @@ class _Lowerer:
                 self.evict_at.setdefault(ev.after, []).append(s)
                 if ev.policy == Policy.SWAP:
                     swaps.append(ev)
+                    if ev.out_wait is not None:
+                        self.out_wait_at.setdefault(ev.out_wait - 1, []).append(s)
                 else:
                     self.off.setdefault(s, []).append((ev.after, ev.before - 1))
             if any(ev.policy == Policy.SWAP for ev in ws):
@@ -317,6 +336,12 @@ class _Lowerer:
                 # issue after node pos means the copy can start at cum[pos + 1]
                 pos = int(np.searchsorted(cum, start, side="right")) - 2
                 queue_free_at = max(cum[max(pos + 1, 0)], start) if pos >= 0 else start
+            if ev.out_wait is not None:   # the swap-in follows the wait for the copy out
+                if ev.prefetch_after is not None and ev.prefetch_after < ev.out_wait - 1:
+                    raise ScheduleError(f"eviction of {self._n(ev.storage)}: its swap-in (prefetch_after="
+                                        f"{ev.prefetch_after}) is issued before its wait for the copy out "
+                                        f"(out_wait={ev.out_wait}); need prefetch_after >= out_wait - 1")
+                pos = max(pos, ev.out_wait - 1)
             pos = max(ev.after + 1, min(pos, ev.before - 1))
             self.prefetch_at.setdefault(pos, []).append((ev.before, ev.storage))
             self.off.setdefault(ev.storage, []).append((ev.after, pos - 1))
@@ -348,6 +373,8 @@ class _Lowerer:
         self.arriving: set[int] = set()
         self.host: set[int] = set()
         self.held: set[int] = set()   # bases kept past their last use while a view holds their storage
+        self.outgoing: set[int] = set()   # storages whose copy out is in flight (no Wait or SwapIn after it)
+        outgoing, out_wait_at = self.outgoing, self.out_wait_at
         live = self.resident
         host, arriving = self.host, self.arriving
         is_act, last, freeable, storage, off = self._is_act, self._last, self._freeable, self._storage, self.off
@@ -392,6 +419,7 @@ class _Lowerer:
                     if s not in host:
                         append(Instr(SWAP_OUT, int(s)))
                         host.add(s)
+                        outgoing.add(s)
             if touched is None and i not in evict_at and i not in dynamic and i not in retain_end:
                 # the common case: free what this node used for the last time
                 for t in free_static[i]:
@@ -415,11 +443,17 @@ class _Lowerer:
                             live.discard(t)
             if held:
                 self._release_bases()
+            if i in out_wait_at:   # the storage must be gone before node i + 1: wait for its copy out
+                for s in out_wait_at[i]:
+                    if s in outgoing:
+                        append(Wait(s))
+                        outgoing.discard(s)
             if i in prefetch_at:
                 for s in prefetch_at[i]:
                     if s not in live and s not in arriving:
                         append(Instr(SWAP_IN, int(s)))
                         arriving.add(s)
+                        outgoing.discard(s)
         return Schedule(out)
 
     def _regenerate(self, i: int, needed: Iterable[int]) -> set[int]:
@@ -469,6 +503,7 @@ class _Lowerer:
                     continue
                 if x not in self.arriving:
                     self.out.append(SwapIn(x))
+                    self.outgoing.discard(x)
                 self.out.append(Wait(x))
                 self.arriving.discard(x)
                 live.add(x)
@@ -565,14 +600,16 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
     Schedule
         ``meta["evictions"]`` records the decisions as ``[storage, after,
         before, policy]`` lists, ``meta["early"]`` the early regenerations as
-        ``[storage, before, tensors]`` and ``meta["retained"]`` the retentions
-        as ``[tensor, until]`` (these two only when there are any).
+        ``[storage, before, tensors]``, ``meta["retained"]`` the retentions
+        as ``[tensor, until]`` and ``meta["out_waits"]`` the swaps that wait
+        for their copy out as ``[storage, out_wait]`` (these three only when
+        there are any).
 
     Raises
     ------
     ScheduleError
-        A window contains a use, windows overlap, a storage holds a step
-        output, a retention does not end after the tensor's last use or names
+        A window contains a use, windows overlap, an ``out_wait`` is not
+        inside a swap's window, a storage holds a step output, a retention does not end after the tensor's last use or names
         a tensor that is never freed, or a recomputation chain reaches a
         non-recomputable node whose output has no host copy.
     """
@@ -586,6 +623,9 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
     retained = [[r.tensor, r.until] for r in evictions if isinstance(r, Retain)]
     if retained:
         sched.meta["retained"] = retained
+    out_waits = [[e.storage, e.out_wait] for e in evictions if isinstance(e, Eviction) and e.out_wait is not None]
+    if out_waits:
+        sched.meta["out_waits"] = out_waits
     return sched
 
 

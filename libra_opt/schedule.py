@@ -9,8 +9,23 @@ Instructions (``DESIGN.md``, "The plan IR"):
   the device-to-host queue.
 - ``SwapIn(tensor)``: copy it back on the host-to-device queue; the storage is
   allocated when the instruction is issued.
-- ``Wait(tensor)``: the compute stream waits for that swap-in; the tensor is
-  usable only after it.
+- ``Wait(tensor)``: the compute stream waits for the copy of ``tensor`` in
+  flight, either direction:
+
+  - after ``SwapIn(tensor)``: for that swap-in; the tensor is usable only
+    after it;
+  - otherwise after ``SwapOut(tensor)`` (typically after ``Free(tensor)``):
+    for that copy out, so that a freed storage's bytes are released at that
+    point (a stall where the copy has not ended yet).  The tensor's residency
+    does not change.  This is how a plan makes memory go down where a forward
+    pass produces activations faster than the link can move them.
+
+  A ``Wait`` with no copy of the tensor in flight (never issued, or already
+  waited for) is an error.  :func:`wait_kinds` tells the two apart.
+
+Format versions: 1 has no swap-out waits; 2 adds them.  :meth:`Schedule.to_dict`
+writes version 1 for a schedule without swap-out waits (older readers read
+it) and 2 otherwise; :meth:`Schedule.from_dict` reads both.
 
 The same shape as Rockmate's ``OpSchedule`` (``ComputeOp``/``DeleteOp``/
 ``OffloadOp``/``PrefetchOp``), one list shared by every solver.
@@ -25,7 +40,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .problem import RematProblem
 
 SCHEDULE_SCHEMA = "libra-opt/schedule"
-SCHEDULE_VERSION = 1
+#: the newest schedule format version (2: ``Wait`` also waits for a swap-out)
+SCHEDULE_VERSION = 2
+#: every version this libra-opt reads
+SCHEDULE_VERSIONS = (1, 2)
 
 
 class Op(IntEnum):
@@ -83,8 +101,39 @@ def SwapIn(tensor: int) -> Instr:
 
 
 def Wait(tensor: int) -> Instr:
-    """Make the compute stream wait for ``tensor``'s swap-in."""
+    """Make the compute stream wait for the copy of ``tensor`` in flight: its
+    swap-in if one is issued and not yet waited for, otherwise its swap-out
+    (the storage's bytes are then released once the copy ends)."""
     return Instr(Op.WAIT, int(tensor))
+
+
+def wait_kinds(instructions: Iterable[Instr]) -> dict[int, Op]:
+    """Which copy each ``Wait`` waits for: instruction index -> ``Op.SWAP_IN``
+    or ``Op.SWAP_OUT``, decided from the instruction order alone.
+
+    A ``Wait(t)`` waits for the swap-in of ``t`` if a ``SwapIn(t)`` is issued
+    and not yet waited for, else for the swap-out of ``t`` if a ``SwapOut(t)``
+    is issued and neither waited for nor followed by a ``SwapIn(t)`` (a
+    swap-in starts after the copy out anyway).  A ``Wait`` matching neither
+    is left out (the simulator rejects it).
+    """
+    inflight_in: set[int] = set()
+    inflight_out: set[int] = set()
+    out: dict[int, Op] = {}
+    for k, (op, a) in enumerate(instructions):
+        if op == Op.SWAP_OUT:
+            inflight_out.add(a)
+        elif op == Op.SWAP_IN:
+            inflight_in.add(a)
+            inflight_out.discard(a)
+        elif op == Op.WAIT:
+            if a in inflight_in:
+                inflight_in.discard(a)
+                out[k] = Op.SWAP_IN
+            elif a in inflight_out:
+                inflight_out.discard(a)
+                out[k] = Op.SWAP_OUT
+    return out
 
 
 class Schedule:
@@ -148,15 +197,25 @@ class Schedule:
         return "\n".join(f"{k:6d}  {ins.describe(problem)}" for k, ins in enumerate(self.instructions))
 
     # ---------------------------------------------------------------- JSON
+    def waits_for_swap_out(self) -> bool:
+        """True if some ``Wait`` waits for a swap-out (format version 2)."""
+        if not any(i.op == Op.WAIT for i in self.instructions):
+            return False
+        return Op.SWAP_OUT in wait_kinds(self.instructions).values()
+
     def to_dict(self) -> dict:
-        """JSON-ready dict: schema, version, meta and ``[op name, arg]`` pairs."""
-        return {"schema": SCHEDULE_SCHEMA, "version": SCHEDULE_VERSION, "meta": self.meta,
+        """JSON-ready dict: schema, version, meta and ``[op name, arg]`` pairs.
+        The version is 1 unless some ``Wait`` waits for a swap-out (then 2), so
+        that a libra-opt reading only version 1 reads every plan it can run."""
+        version = SCHEDULE_VERSION if self.waits_for_swap_out() else 1
+        return {"schema": SCHEDULE_SCHEMA, "version": version, "meta": self.meta,
                 "instructions": [[_OP_NAMES[i.op], i.arg] for i in self.instructions]}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Schedule":
         """Inverse of :meth:`to_dict`.
 
+        Reads format versions 1 and 2 (:data:`SCHEDULE_VERSIONS`).
         Types are checked, never coerced: ``version`` and every instruction's
         argument must be JSON integers (not ``1.7``, ``"3"`` or ``true``), an
         op one of the instruction names, ``meta`` an object.
@@ -172,9 +231,10 @@ class Schedule:
         if not isinstance(d, dict) or d.get("schema") != SCHEDULE_SCHEMA:
             raise ProblemFileError(f"not a libra-opt schedule (expected schema {SCHEDULE_SCHEMA!r})", "schema")
         version = d.get("version")
-        if not _is_int(version) or version != SCHEDULE_VERSION:
+        if not _is_int(version) or version not in SCHEDULE_VERSIONS:
             raise ProblemFileError(f"schedule version {version!r} is not supported; this libra-opt "
-                                   f"reads version {SCHEDULE_VERSION} (an integer)", "version")
+                                   f"reads versions {', '.join(map(str, SCHEDULE_VERSIONS))} (an integer): "
+                                   f"upgrade libra-opt to read a newer plan", "version")
         items = d.get("instructions", [])
         if not isinstance(items, list):
             raise ProblemFileError(f"instructions must be a list of [op, int] pairs, not {type(items).__name__}",

@@ -10,11 +10,15 @@ one copy queue per direction and accounts memory per storage
   recompute of it allocates a fresh buffer);
 - a swapped-in storage is allocated when the ``SwapIn`` is issued (the runtime
   allocates it on the compute stream at that point) and usable after ``Wait``;
+- a ``Wait`` on a tensor whose swap-out is in flight (no swap-in of it
+  pending; see :func:`~libra_opt.schedule.wait_kinds`) stalls the compute
+  stream until that copy ends; a storage freed before it is released then;
 - time: compute is serial; a first computation costs the node's ``time_s``,
   a recompute its ``problem.recompute_time`` (the executor's cost model,
   :mod:`libra_opt.costs`: equal to ``time_s`` for the eager executor); each copy starts when issued and its queue is free
   (a swap-in also waits for the swap-out of the same storage); ``Wait`` stalls
-  the compute stream until the copy has arrived.  On a device whose copies do
+  the compute stream until the copy it waits for has ended (``stall_s``, either
+  direction).  On a device whose copies do
   not overlap compute (a CPU), every copy occupies the compute timeline.
 
 Invalid plans are rejected with a :class:`~libra_opt.errors.ScheduleError`
@@ -55,7 +59,8 @@ class SimulationResult:
         Step time: until the compute stream and both copy queues are idle (s).
     compute_s, recompute_s, stall_s : float
         Total compute, compute beyond each node's first run, and compute-stream
-        time spent waiting for swap-ins (s).
+        time spent waiting for copies: swap-ins, and swap-outs a ``Wait``
+        waits for (s).
     added_s : float
         ``time_s`` minus the problem's compute time without remat (s).
     d2h_bytes, h2d_bytes : int
@@ -119,6 +124,7 @@ class Simulator(ScheduleInterpreter):
         self.refs: dict[int, int] = {}          # storage -> resident/arriving tensors on it
         self.allocated: set[int] = set()        # storages occupying device memory
         self.d2h_end: dict[int, float] = {}     # storage -> end of its last swap-out
+        self.outgoing: set[int] = set()         # storages whose swap-out no Wait or SwapIn has followed
         self.host: dict[int, float] = {}        # storage -> time its host copy is complete
         self.pending: list[tuple[float, int]] = []   # (copy end, bytes) released then
         self.computed: set[int] = set()
@@ -264,6 +270,7 @@ class Simulator(ScheduleInterpreter):
             self.host_mem += nbytes
             self.host_peak = max(self.host_peak, self.host_mem)
         self.host[tid] = end
+        self.outgoing.add(tid)
         self.d2h_bytes += nbytes
         if not self._overlap:
             self.t = end
@@ -279,6 +286,7 @@ class Simulator(ScheduleInterpreter):
         if tid in self.allocated:
             self.fail(f"swaps in {self._name(tid)}, whose storage is still resident on the device")
         nbytes = self._nbytes[tid]
+        self.outgoing.discard(tid)
         self.allocated.add(tid)
         self.mem += nbytes
         self.refs[tid] = self.refs.get(tid, 0) + 1
@@ -294,14 +302,25 @@ class Simulator(ScheduleInterpreter):
 
     def wait(self, tid: int) -> None:
         self._release_done()
-        if tid not in self.arriving:
-            self.fail(f"waits for {self._name(tid)}, which has no swap-in in flight")
-        end = self.arriving.pop(tid)
-        if end > self.t:
-            self.stall_s += end - self.t
-            self.t = end
-        self.resident.add(tid)
-        self.produced.add(tid)
+        if tid in self.arriving:   # for its swap-in: the tensor becomes usable
+            end = self.arriving.pop(tid)
+            if end > self.t:
+                self.stall_s += end - self.t
+                self.t = end
+            self.resident.add(tid)
+            self.produced.add(tid)
+        elif tid in self.outgoing:   # for its swap-out: a freed storage is released when the copy ends
+            self.outgoing.discard(tid)
+            end = self.d2h_end[tid]
+            if end > self.t:
+                self.stall_s += end - self.t
+                self.t = end
+                self._release_done()
+        else:
+            what = ("whose swap-out was already waited for or followed by a SwapIn"
+                    if tid in self.host else "which was never swapped out or in")
+            self.fail(f"waits for {self._name(tid)}, which has no copy in flight ({what}): a Wait must follow "
+                      f"a SwapIn of the tensor, or a SwapOut of it not yet waited for")
         self._record()
 
     def _record(self) -> None:

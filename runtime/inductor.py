@@ -14,7 +14,7 @@ produced).  Per graph:
    :class:`~libra_opt.runtime.swap.SwapManager`) are rewritten into the
    side-effecting custom operators of
    :mod:`libra_opt.runtime.offload_ops` (``libra::offload`` / ``reload`` /
-   ``wait`` / ``poll``); the plan-directed frees (:func:`release` nodes) are
+   ``wait`` / ``wait_offload`` / ``poll``); the plan-directed frees (:func:`release` nodes) are
    dropped (see "Memory" below).
 2. **Decomposition.**  The graph is retraced with ``make_fx`` under
    Inductor's decomposition table (``select_decomp_table()``), as
@@ -192,7 +192,8 @@ def with_swap_ops(gm: fx.GraphModule, swap) -> fx.GraphModule:
     ``swap.reload(host, dtype, size, stride, offset, last)`` ->
     ``libra::reload(host, id, device, size, stride, last)``;
     ``swap.wait(t)`` -> ``libra::wait(t, id)`` (mutating: its users read
-    ``t``); ``swap.poll()`` -> ``libra::poll(id)``.
+    ``t``); ``swap.wait_offload(host)`` -> ``libra::wait_offload(host, id)``;
+    ``swap.poll()`` -> ``libra::poll(id)``.
     """
     g = gm.graph
     mid = offload_ops.register_manager(swap) if swap is not None else None
@@ -222,10 +223,13 @@ def with_swap_ops(gm: fx.GraphModule, swap) -> fx.GraphModule:
             elif name == "wait":
                 g.call_function(offload_ops.wait, (n.args[0], mid))
                 new = n.args[0]
+            elif name == "wait_offload":
+                g.call_function(offload_ops.wait_offload, (n.args[0], mid))
+                new = None
             elif name == "poll":
                 g.call_function(offload_ops.poll, (mid,))
                 new = None
-            else:   # pragma: no cover - the partition emits only the four above
+            else:   # pragma: no cover - the partition emits only the five above
                 raise ExecutorError(f"unknown swap step {name!r} in the lowered graph")
         if new is not None:
             if isinstance(new, fx.Node) and new is not n.args[0]:

@@ -15,6 +15,10 @@ graphs that ``make_fx`` can retrace and Inductor can compile:
 ``SymInt[] stride, bool last) -> Tensor``       transfer stream, record an event; ``last`` returns
                                                  the host buffer to the pool (its last reload)
 ``libra::wait(Tensor(a!) t, int manager)``      the compute stream waits for ``t``'s reload event
+``libra::wait_offload(Tensor host,``            the compute stream waits for the offload into
+``int manager)``                                 ``host`` and the manager drops the device tensor (a
+                                                 plan's ``Wait`` after ``SwapOut``: the storage returns
+                                                 to the allocator there, after the copy)
 ``libra::poll(int manager)``                    drop the references to storages whose copy-out has
                                                  finished (they return to the allocator)
 =============================================  ==================================================
@@ -30,14 +34,15 @@ differences, all for torch 2.11 (the GPU machine's version) as well as 2.13:
   ``eliminate_dead_code``, Inductor's ``FallbackKernel.has_side_effects``),
   and Inductor orders every later reader of ``t`` after it (its mutation
   dependencies), which is exactly "no consumer before the wait".
-- ``offload``, ``reload`` and ``poll`` are registered with
+- ``offload``, ``reload``, ``wait_offload`` and ``poll`` are registered with
   :func:`torch.fx.node.has_side_effect` and get an Inductor lowering (a
   fallback kernel marked as having side effects), so neither FX nor Inductor
   eliminates them even where nothing reads their result (``poll``).
 - The source of an offload is kept alive by the manager until its copy has
   finished (the references ``poll`` drops), as in the eager executor, instead
   of by a ``keepalive`` argument of a wait: the plan frees a swapped-out
-  storage when its copy ends, not at a compute-stream wait.  Because Inductor
+  storage when its copy ends, or at its ``Wait`` (``wait_offload``) where the
+  plan stalls for the copy.  Because Inductor
   may otherwise write into a buffer whose Python reference it dropped (buffer
   reuse, in-place kernels), the executor compiles plans with swaps with
   ``allow_buffer_reuse=False`` and ``inplace_buffers=False``.
@@ -65,7 +70,7 @@ from .swap import check_graph_not_retained
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["register_manager", "manager", "offload", "reload", "wait", "poll", "SWAP_OPS"]
+__all__ = ["register_manager", "manager", "offload", "reload", "wait", "wait_offload", "poll", "SWAP_OPS"]
 
 _managers: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
@@ -102,6 +107,7 @@ _lib = torch.library.Library("libra", "DEF")
 _lib.define("offload(Tensor t, int manager) -> Tensor")
 _lib.define("reload(Tensor host, int manager, Device device, SymInt[] size, SymInt[] stride, bool last) -> Tensor")
 _lib.define("wait(Tensor(a!) t, int manager) -> ()")
+_lib.define("wait_offload(Tensor host, int manager) -> ()")
 _lib.define("poll(int manager) -> ()")
 
 
@@ -155,6 +161,14 @@ def _wait_fake(t, mid) -> None:
     return None
 
 
+def _wait_offload(host: torch.Tensor, mid: int) -> None:
+    manager(mid).wait_offload(host)
+
+
+def _wait_offload_fake(host, mid) -> None:
+    return None
+
+
 def _poll(mid: int) -> None:
     manager(mid).poll()
 
@@ -164,16 +178,18 @@ def _poll_fake(mid) -> None:
 
 
 for _name, _impl, _fake in (("offload", _offload, _offload_fake), ("reload", _reload, _reload_fake),
-                            ("wait", _wait, _wait_fake), ("poll", _poll, _poll_fake)):
+                            ("wait", _wait, _wait_fake), ("wait_offload", _wait_offload, _wait_offload_fake),
+                            ("poll", _poll, _poll_fake)):
     _lib.impl(_name, _impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"libra::{_name}", _fake, lib=_lib)
 
 offload = torch.ops.libra.offload.default
 reload = torch.ops.libra.reload.default
 wait = torch.ops.libra.wait.default
+wait_offload = torch.ops.libra.wait_offload.default
 poll = torch.ops.libra.poll.default
-#: the four operators, in the order above
-SWAP_OPS = (offload, reload, wait, poll)
+#: the five operators, in the order above
+SWAP_OPS = (offload, reload, wait, wait_offload, poll)
 for _op in SWAP_OPS:
     has_side_effect(_op)
 

@@ -22,7 +22,11 @@ the plan frees a value later than its last reader a :func:`release` node
 marks the ``Free``, so the graphs' liveness is exactly the plan's (the
 graphs use the boxed calling convention, so saved values are released inside
 the backward graph too); ``SwapOut`` / ``SwapIn`` / ``Wait`` call
-:class:`~libra_opt.runtime.swap.SwapManager` methods.  An output of a
+:class:`~libra_opt.runtime.swap.SwapManager` methods (a ``Wait`` for a
+swap-out, see :func:`~libra_opt.schedule.wait_kinds`, calls
+:meth:`~libra_opt.runtime.swap.SwapManager.wait_offload` on the host copy:
+the compute stream waits for the copy and the storage returns to the
+allocator there).  An output of a
 recomputed node that is still resident keeps its value (the recomputed one
 is dropped at once), exactly as the simulator counts it; this is also why a
 recomputed functional BatchNorm never updates the running statistics twice:
@@ -53,7 +57,7 @@ from libra_opt.capture_passes import RNG_STATE_META, replay_random
 from libra_opt.errors import RuntimeExecutionError
 from libra_opt.interpreter import ScheduleInterpreter
 from libra_opt.problem import BACKWARD, FORWARD, RematProblem
-from libra_opt.schedule import Op, Schedule
+from libra_opt.schedule import Op, Schedule, wait_kinds
 
 logger = logging.getLogger(__name__)
 
@@ -185,9 +189,11 @@ class _Emitter(ScheduleInterpreter):
     dispatched by :meth:`ScheduleInterpreter.walk` (``self.index`` is the
     instruction's position in the whole schedule)."""
 
-    def __init__(self, b: _Binding, graph: fx.Graph, swap, last_swap_in: dict[int, int], phase: str):
+    def __init__(self, b: _Binding, graph: fx.Graph, swap, last_swap_in: dict[int, int], phase: str,
+                 out_waits: frozenset = frozenset()):
         super().__init__(b.problem)
         self.b = b
+        self.out_waits = out_waits   # instruction indices of the Waits for a swap-out
         self.p = b.problem
         self.g = graph
         self.swap = swap
@@ -307,7 +313,20 @@ class _Emitter(ScheduleInterpreter):
         self.pending[tid] = nd
         self.last_read, self.last_made = {self.host[tid]}, {nd}
 
+    def wait_out(self, tid: int) -> None:
+        """A ``Wait`` for the swap-out of ``tid``: the compute stream waits for
+        the copy into its host buffer, and the storage is released there."""
+        if self.p.tensors[tid].nbytes == 0:
+            return
+        self.flush()
+        host = self.host[tid]
+        self.g.call_function(self.swap.wait_offload, (host,))
+        self.last_read, self.last_made = {host}, set()
+
     def wait(self, tid: int) -> None:
+        if self.index in self.out_waits:
+            self.wait_out(tid)
+            return
         if tid not in self.pending and tid in self.env:
             return                 # waited for at the end of the forward part already
         src = self.pending.pop(tid)
@@ -338,8 +357,9 @@ class _SavedValues(ScheduleInterpreter):
     instructions: which tensors / host copies the backward part reads, or
     frees, before redefining them (see :func:`_needed_after`)."""
 
-    def __init__(self, problem: RematProblem, env: set[int], host: set[int]):
+    def __init__(self, problem: RematProblem, env: set[int], host: set[int], out_waits: frozenset = frozenset()):
         super().__init__(problem)
+        self.out_waits = out_waits   # instruction indices of the Waits for a swap-out (they read the host copy)
         self.origin = {t: True for t in env}     # True: value comes from the forward part
         self.horigin = {t: True for t in host}
         self.need_env: dict[int, None] = {}
@@ -367,6 +387,10 @@ class _SavedValues(ScheduleInterpreter):
             self.need_host[tid] = None
 
     def wait(self, tid: int) -> None:
+        if self.index in self.out_waits:
+            if self.horigin.get(tid):
+                self.need_host[tid] = None
+            return
         self.origin.setdefault(tid, False)
 
     def read_at_end(self, tids) -> None:
@@ -376,13 +400,16 @@ class _SavedValues(ScheduleInterpreter):
                 self.need_env[t] = None
 
 
-def _needed_after(problem: RematProblem, instrs, env: set[int], host: set[int], end_uses: list[int]):
+def _needed_after(problem: RematProblem, instrs, env: set[int], host: set[int], end_uses: list[int],
+                  out_waits: frozenset = frozenset(), start: int = 0):
     """Tensors of ``env`` / storages of ``host`` that instructions ``instrs``
     (then the backward outputs ``end_uses``) read, or free, before redefining
     them: a value the plan frees only in the backward part stays resident
-    until then, as the simulator counts it."""
-    live = _SavedValues(problem, env, host)
-    live.walk(instrs)
+    until then, as the simulator counts it.  ``out_waits``: indices (the
+    first instruction being ``start``) of the Waits for a swap-out, which
+    read the host copy."""
+    live = _SavedValues(problem, env, host, out_waits)
+    live.walk(instrs, start)
     live.read_at_end(end_uses)
     return sorted(live.need_env), sorted(live.need_host)
 
@@ -420,6 +447,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
     for k, ins in enumerate(instrs):
         if ins.op == Op.SWAP_IN:
             last_swap_in[ins.arg] = k
+    out_waits = frozenset(k for k, op in wait_kinds(instrs).items() if op == Op.SWAP_OUT)
     out_node = next(iter(joint.graph.find_nodes(op="output")))
     outs = list(out_node.args[0])
     fwd_outs, bwd_outs = outs[:num_fwd_outputs], outs[num_fwd_outputs:]
@@ -429,7 +457,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
 
     # ---------------------------------------------------------------- forward
     fg = fx.Graph()
-    fe = _Emitter(b, fg, swap, last_swap_in, FORWARD)
+    fe = _Emitter(b, fg, swap, last_swap_in, FORWARD, out_waits)
     for ph in primal_ph:
         nd = fg.placeholder(ph.name)
         nd.meta = dict(ph.meta)
@@ -448,7 +476,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
     end_uses = [b.tid_of(a) for a in bwd_outs if isinstance(a, fx.Node) and a.op != "get_attr"]
     tangent_ids = {b.tid_of(ph) for ph in tangent_ph}
     need_env, need_host = _needed_after(problem, instrs[split:], set(fe.env) | tangent_ids, set(fe.host),
-                                        [t for t in end_uses if t is not None])
+                                        [t for t in end_uses if t is not None], out_waits, split)
     need_env = [t for t in need_env if t not in tangent_ids]
     # Saved values: tensors autograd checks for in-place changes first, then the ones it must not check
     # (AOTAutograd's convention, "saved_tensor_with_no_vc_check" last): primals the step mutates (the
@@ -467,7 +495,7 @@ def lower_plan(joint: fx.GraphModule, num_fwd_outputs: int, problem: RematProble
 
     # ---------------------------------------------------------------- backward
     bg = fx.Graph()
-    be = _Emitter(b, bg, swap, last_swap_in, BACKWARD)
+    be = _Emitter(b, bg, swap, last_swap_in, BACKWARD, out_waits)
     be.computed = set(fe.computed)
     be.swapping = set(fe.swapping)          # copies issued in the forward may still be in flight
     saved_names = []

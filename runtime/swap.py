@@ -9,7 +9,11 @@ One :class:`SwapManager` per optimized module owns
   compute stream wait for it.  Each offload records one too, and the manager
   keeps a reference to the device tensor until that event has completed (a
   storage being copied out stays alive until its copy has finished; no
-  ``record_stream``);
+  ``record_stream``).  A plan's ``Wait`` on a swapped-out tensor
+  (:meth:`SwapManager.wait_offload`) makes the compute stream wait for the
+  offload's event and drops that reference at once: the caching allocator
+  may then hand the storage to the next allocation on the compute stream,
+  which is ordered after the copy;
 - a :class:`HostBufferPool` of pinned host memory carved from large chunks
   (not one ``cudaHostAlloc`` per tensor).
 
@@ -24,7 +28,8 @@ every plan's numerics can be checked without a GPU.
 
 The FX graphs built by :mod:`libra_opt.runtime.partition` call the bound
 methods :meth:`SwapManager.offload`, :meth:`SwapManager.reload`,
-:meth:`SwapManager.wait` and :meth:`SwapManager.poll`.
+:meth:`SwapManager.wait`, :meth:`SwapManager.wait_offload` and
+:meth:`SwapManager.poll`.
 
 Sources: CUDA streams and events (``torch.cuda.Stream``, ``torch.cuda.Event``);
 the swap design of Capuchin (Peng et al., ASPLOS 2020) and Libra (Wang, 2024).
@@ -149,7 +154,8 @@ class SwapManager:
         self.cuda = self.device.type == "cuda"
         self.pool = HostBufferPool(pin=self.cuda)
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self._inflight: deque = deque()   # (event, device tensor) of offloads not known to be done
+        self._inflight: deque = deque()   # [event, device tensor, host ptr] of offloads not known to be done
+        self._offloads: dict[int, list] = {}   # host data_ptr -> its _inflight entry (wait_offload)
         self._events: dict[int, object] = {}      # data_ptr -> reload event (the libra::reload operator)
         self._host_bufs: dict[int, torch.Tensor] = {}   # host data_ptr -> pooled buffer (libra::offload)
         self.d2h_bytes = 0
@@ -160,13 +166,25 @@ class SwapManager:
         """Drop the references to device storages whose offload has finished."""
         q = self._inflight
         while q and q[0][0].query():
-            q.popleft()
+            entry = q.popleft()
+            if self._offloads.get(entry[2]) is entry:
+                del self._offloads[entry[2]]
 
     def synchronize(self) -> None:
         """Wait for every copy issued so far (tests, benchmarks)."""
         if self.cuda:
             self.stream.synchronize()
         self._inflight.clear()
+        self._offloads.clear()
+
+    def track_offload(self, ev, t: torch.Tensor, host: torch.Tensor) -> None:
+        """Keep device tensor ``t`` alive until event ``ev`` (the end of its
+        copy into ``host``) has completed, or until :meth:`wait_offload` of
+        ``host``."""
+        entry = [ev, t, host.data_ptr()]
+        self._inflight.append(entry)
+        self._offloads[entry[2]] = entry
+        self.poll()
 
     def _copy(self, dst: torch.Tensor, src: torch.Tensor):
         """Copy ``src`` into ``dst``: on CUDA asynchronously on the transfer
@@ -189,8 +207,7 @@ class SwapManager:
         finished (:meth:`poll` drops it).  Call inside :func:`untracked`."""
         ev = self._copy(host, src)
         if ev is not None:
-            self._inflight.append((ev, keep))
-            self.poll()
+            self.track_offload(ev, keep, host)
 
     # ------------------------------------------------------------ steps
     def offload(self, t: torch.Tensor) -> torch.Tensor:
@@ -234,3 +251,17 @@ class SwapManager:
         if self._inflight:
             self.poll()
         return t
+
+    def wait_offload(self, host: torch.Tensor) -> None:
+        """A plan's ``Wait`` on a swapped-out tensor: make the compute stream
+        wait for the offload into ``host`` (``torch.cuda.Stream.wait_event``) and
+        drop the manager's reference to the device tensor, so the caching
+        allocator can reuse its storage from here (later allocations on the
+        compute stream are ordered after the copy).  A no-op where the copy is
+        already known to be done, and on a CPU (copies are synchronous)."""
+        entry = self._offloads.pop(host.data_ptr(), None)
+        if entry is not None:
+            torch.cuda.current_stream(self.device).wait_event(entry[0])
+            entry[1] = None
+        if self._inflight:
+            self.poll()

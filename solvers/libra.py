@@ -143,6 +143,19 @@ class LibraOptions:
         Safety margin on transfers, dimensionless: a transfer is planned as if
         it took ``1 + swap_overlap_margin`` times ``bytes / bandwidth``, so
         swaps are only taken where they hide with that much slack.
+    swap_waits : bool or None
+        Where a swap's copy out cannot end before the peak (a forward pass
+        that produces activations faster than the link moves them), let the
+        swap wait for its copy out right before the peak (a stall, added
+        time; ``Eviction.out_wait``), so that swapping reaches budgets down
+        to the memory floor.  Only on devices whose copies overlap compute.
+        ``None`` (the default): in swap-only mode; in hybrid mode, a
+        swap-only descent with waits runs where no descent without them
+        meets the budget (the stalls rarely pay where a budget is met
+        otherwise, and such a descent takes many more steps: seconds on
+        thousands of nodes), so that hybrid reaches as low as swap-only
+        mode (on problems of more than ``LibraSolver.POOL_MAX_NODES`` nodes
+        within ``LibraSolver.SWAP_WAIT_SHARE`` of the other descents' time).  ``True`` / ``False``: every descent does / none does.
     windows : {"auto", "default", "all"}
         Candidate eviction windows: ``"default"`` one per storage
         (:func:`~libra_opt.lowering.default_windows`), ``"all"`` every gap
@@ -221,6 +234,7 @@ class LibraOptions:
     time_limit_s: float | None = None
     max_steps: int | None = None
     swap_overlap_margin: float = 0.0
+    swap_waits: bool | None = None
     windows: str = "auto"
     undo: bool = True
     max_repair_steps: int = 32
@@ -360,8 +374,10 @@ class LibraSolver(Solver):
         refs = [_Refiner(problem, o)]
         if not o.portfolio or o.policy == "swap":
             return refs
-        if o.policy == "hybrid":
-            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol)) for pol in ("recompute", "swap")]
+        if o.policy == "hybrid":   # (waits for copies out: only as set, or as a fallback, see _fallbacks)
+            waits = bool(o.swap_waits)
+            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
+                     for pol in ("recompute", "swap")]
             if problem.num_nodes > self.POOL_MAX_NODES:    # large problems: the three descents only (speed)
                 return refs
             # recompute-only mode's extra descents too: a recompute-only plan is a hybrid plan, so hybrid
@@ -391,7 +407,11 @@ class LibraSolver(Solver):
         ``windows="auto"``, when every descent used the default eviction windows (one per storage, from its
         last forward use to its first backward use), one over every window
         (a storage freed and regenerated between two backward uses: without
-        it, budgets a plan meets were stated infeasible).  ``force``: for
+        it, budgets a plan meets were stated infeasible); in hybrid mode with
+        ``swap_waits=None``, a swap-only descent that waits for copies out
+        (it reaches down to the memory floor, paying stalls; over every
+        window with ``windows="auto"``; on large problems for at most
+        :attr:`SWAP_WAIT_SHARE` of the others' time).  ``force``: for
         every budget of ``budgets`` (their snapshots did not lower within
         them), as a solve of several budgets runs them for one it misses."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
@@ -403,6 +423,17 @@ class LibraSolver(Solver):
         main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
         if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
             more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
+        o = self.options
+        if (o.policy == "hybrid" and o.portfolio and o.swap_waits is None and problem.device.copies_overlap_compute
+                and not any(ref.allow_wait for ref in refs)):
+            # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
+            # every window with windows="auto": swap-only mode's own fallback, which reaches lowest)
+            win = "all" if o.windows == "auto" else o.windows
+            ref = _Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
+            if o.time_limit_s is None and problem.num_nodes > self.POOL_MAX_NODES:
+                # it takes many more steps than the others: on large problems, at most as long as they took
+                ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
+            more.append(ref)
         if not more:
             return [], []
         for ref in more:
@@ -479,6 +510,10 @@ class LibraSolver(Solver):
     #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
     #: share of the cheapest one's
     EXCHANGE_SPAN = 0.05
+    #: on problems of more than ``POOL_MAX_NODES`` nodes, hybrid's fallback swap-only descent that waits
+    #: for copies out (``LibraOptions.swap_waits``) refines for at most this share of the seconds the
+    #: other descents took (at least 1 s): it takes many more steps (minutes on thousands of nodes)
+    SWAP_WAIT_SHARE = 1.0
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
     #: budgets planned per round

@@ -12,8 +12,9 @@ re-simulating the whole plan:
   bytes over the positions where it is off the device: ``[after + 1, before
   - 1]`` for a recomputation; ``[r0, prefetch]`` for a swap, where ``r0`` is
   the first position that starts after the device-to-host copy ends (the
-  simulator releases a swapped storage only then) and ``prefetch`` the
-  position after which the swap-in is issued (it allocates at issue).
+  simulator releases a swapped storage only then, or at the swap's wait for
+  its copy out, ``Timeline.wait``, a stall) and ``prefetch`` the position
+  after which the swap-in is issued (it allocates at issue).
 - A *regeneration point* ``q`` (a position that reads an evicted tensor)
   runs a recomputation chain before node ``q``: the lowering's on-demand
   regeneration, replayed here with the same post-order, the same freeing of
@@ -81,6 +82,7 @@ class Effect:
     raised_at: int
     feasible: bool = True
     floor: int = 0
+    wait: int = -1
 
 
 class Timeline(ChainReplay, SwapPlanner, Reshaper):
@@ -105,6 +107,9 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         Memory at each compute point under the current decisions (bytes).
     pol : ndarray of int8, shape (num_windows,)
         Current policy per window (``KEEP``, ``REC``, ``SWAP``).
+    wait : ndarray of int64, shape (num_windows,)
+        Per swapped window, the position before which the compute stream waits
+        for its copy out (the lowering's ``Eviction.out_wait``); -1: none.
     """
 
     def __init__(self, problem: RematProblem, windows, overlap_margin: float = 0.0):
@@ -177,6 +182,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         self.pol = np.zeros(self.nw, dtype=np.int8)
         self.pol_l = [KEEP] * self.nw      # list mirror of pol for scalar reads in the hot loops
         self.floor = np.zeros(self.nw, dtype=np.int64)
+        self.wait = np.full(self.nw, -1, dtype=np.int64)
         self.s_win: dict[int, list[int]] = {}
         self.w_early: dict[int, tuple] = {}     # window -> (q, tensors) regenerated before node q
         self.early_at: dict[int, set] = {}      # q -> windows that may regenerate before node q
@@ -213,6 +219,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         new.w_pts = list(self.w_pts)
         new.w_maxhi = self.w_maxhi.copy()
         new.floor = self.floor.copy()
+        new.wait = self.wait.copy()
         new.s_win = {s: list(v) for s, v in self.s_win.items()}
         new.w_early = dict(self.w_early)
         new.early_at = {q: set(v) for q, v in self.early_at.items()}
@@ -257,12 +264,16 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         """The active decisions as :class:`~libra_opt.lowering.Eviction`, sorted
         by (storage, after); swaps carry the model's prefetch position."""
         out = []
+        sw = self.swap
+        waits = dict(zip(sw.ids.tolist(), sw.wait.tolist()))
         for j in np.flatnonzero(self.pol):
             pol = int(self.pol[j])
             b = int(self.w_b[j])
             early = self.w_early.get(j) if pol == REC and b != self.orig_b[j] else None
+            w = waits.get(int(j), -1) if pol == SWAP else -1
             out.append(Eviction(int(self.w_s[j]), int(self.w_a[j]), b, POLICIES[pol],
                                 prefetch_after=int(self.pos[j]) if pol == SWAP else None,
+                                out_wait=w if w >= 0 else None,
                                 regenerate=early[1] if early is not None and early[0] == b else ()))
         out.sort(key=lambda e: (e.storage, e.after))
         return out
@@ -350,11 +361,17 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
                 pts.add(q)
         return pts
 
-    def evaluate(self, j: int, policy: int, floor: int = 0) -> Effect:
+    def evaluate(self, j: int, policy: int, floor: int = 0, wait: int | None = None) -> Effect:
         """Effect of setting window ``j`` to ``policy`` (``KEEP`` undoes it),
         without changing the model.  ``floor``: for a swap, issue its swap-in no
-        earlier than after this position (0: where it hides behind compute)."""
+        earlier than after this position (0: where it hides behind compute).
+        ``wait``: for a swap, wait for its copy out before this position (-1:
+        no wait; ``None``: as it is now)."""
         old = int(self.pol[j])
+        if policy != SWAP:
+            wait = -1
+        elif wait is None:
+            wait = int(self.wait[j]) if old == SWAP else -1
         s = int(self.w_s[j])
         a, b = int(self.w_a[j]), int(self.w_b[j])
         nbytes = int(self.w_bytes[j])
@@ -366,7 +383,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             ids = ids[ids != j] if old == SWAP else ids
             if policy == SWAP:
                 ids = np.append(ids, j)
-            new_swap = self._swap_layer(ids, self.regen_time, (j, floor if policy == SWAP else 0))
+            new_swap = self._swap_layer(ids, self.regen_time, (j, floor if policy == SWAP else 0), (j, wait))
             hyp_pos = dict(zip(new_swap.ids.tolist(), new_swap.prefetch.tolist()))
             old_pos = self.sw_pos[new_swap.ids]
             for k in new_swap.ids[(old_pos != new_swap.prefetch) & (new_swap.ids != j)].tolist():
@@ -419,7 +436,8 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             old_m = max(int(self.C[q]), int(self.C[q] + self.regen_off[q] + H_old[q]))
             if new_m > old_m and new_m > raised_max:
                 raised_max, raised_at = new_m, q
-        return Effect(cost, chains, new_swap, raised_max, raised_at, feasible, floor if policy == SWAP else 0)
+        return Effect(cost, chains, new_swap, raised_max, raised_at, feasible, floor if policy == SWAP else 0,
+                      wait)
 
     def new_value_at(self, j: int, policy: int, eff: Effect, i: int) -> int:
         """Memory of the model at position ``i`` after applying ``eff`` (bytes)."""
@@ -457,6 +475,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         self.pol[j] = policy
         self.pol_l[j] = policy
         self.floor[j] = eff.floor
+        self.wait[j] = eff.wait
         ws = self.s_win.setdefault(s, [])
         if policy == KEEP:
             if j in ws:

@@ -33,7 +33,8 @@ from .libra_finish import Finisher, _Snapshot
 MAX_MERGES = 2
 #: most candidates evaluated exactly per refinement step before the best evaluated one is taken
 MAX_EVALS_PER_STEP = 48
-_O_REC, _O_HID, _O_LATE = 0, 1, 2   # option columns: recompute, swap hidden behind compute, delayed swap
+#: option columns: recompute, swap hidden behind compute, delayed swap, swap that waits for its copy out
+_O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
 _NAMES = {REC: "recompute", SWAP: "swap"}
 
 
@@ -74,18 +75,27 @@ class _Refiner(Finisher):
         self.enabled = (tl.w_bytes > 0) & ((tl.w_rec_ok & self.allow_rec) | self.allow_swap)
         # cached cost of moving each window to each option (s), refreshed whenever it is evaluated:
         # recompute, swap with the swap-in hidden behind compute (and the positions it covers), swap
-        # with the swap-in delayed past the peak.  They bound scores for the lazy selection.
-        # Columns: _O_REC, _O_HID, _O_LATE.  An option refused because it would raise position
+        # with the swap-in delayed past the peak, swap that waits for its copy out before the peak (a
+        # stall, where the copy cannot end before it).  They bound scores for the lazy selection.
+        # Columns: _O_REC, _O_HID, _O_LATE, _O_WAIT.  An option refused because it would raise position
         # ``bat`` by ``bmem`` bytes to the peak is left out while that would still reach the peak.
-        self.cost = np.zeros((tl.nw, 3))
+        self.cost = np.zeros((tl.nw, 4))
         self.cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
         if not self.allow_swap:
             self.cost[:, _O_HID] = self.cost[:, _O_LATE] = np.inf
+        # waiting for a copy out only helps where copies overlap compute (elsewhere a copy blocks it anyway)
+        waits = opts.swap_waits if opts.swap_waits is not None else opts.policy == "swap"
+        self.allow_wait = self.allow_swap and tl.overlap and waits
+        if not self.allow_wait:
+            self.cost[:, _O_WAIT] = np.inf
         self.hid_lo = self.lo.copy()
         self.hid_hi = self.hi.copy()
         self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
-        self.bat = np.full((tl.nw, 3), -1, dtype=np.int64)
-        self.bmem = np.zeros((tl.nw, 3), dtype=np.int64)
+        self.bat = np.full((tl.nw, 4), -1, dtype=np.int64)
+        self.bmem = np.zeros((tl.nw, 4), dtype=np.int64)
+        # the peak position each was found at: a delayed or waiting swap's effect depends on it, so its
+        # raised point is only known for that position
+        self.bat_p = np.full((tl.nw, 4), -1, dtype=np.int64)
         self.eval_step = np.full(tl.nw, -1, dtype=np.int64)
         self.cache: dict[int, _Move] = {}
         self.records: dict[int, Decision] = {}
@@ -179,12 +189,15 @@ class _Refiner(Finisher):
         if not len(idx):
             return None
         c = self.cost[idx]
-        bat = self.bat[idx]
+        bat = np.where(self._bat_known(idx, p), self.bat[idx], -1)
         c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
         lo, hi = np.maximum(self.hid_lo[idx], self._release_bound(tl, idx)), self.hid_hi[idx]
         self.rel_lo[idx] = lo   # read by _evaluate during this selection
         c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
-        c[~((p > hi) & (p >= lo)), _O_LATE] = np.inf
+        # a swapped window's swap-in may be delayed past p where it is issued before p
+        late_hi = np.where(tl.pol[idx] == SWAP, tl.sw_pos[idx], hi)
+        c[~((p > late_hi) & (p >= lo)), _O_LATE] = np.inf
+        c[~(p < np.maximum(lo, np.where(tl.pol[idx] == SWAP, tl.sw_r0[idx], 0))), _O_WAIT] = np.inf
         best = c.min(axis=1)
         local = np.where(np.isfinite(best), tl.w_bytes[idx] / np.maximum(best, self.eps), -np.inf)
         fresh_best = None
@@ -208,6 +221,14 @@ class _Refiner(Finisher):
                 local[k] = mv.score
                 if fresh_best is None or mv.score > fresh_best.score:
                     fresh_best = mv
+
+    def _bat_known(self, idx: np.ndarray, p: int) -> np.ndarray:
+        """Which cached raised points (``bat``, shape ``(len(idx), 4)``) still
+        apply at peak position ``p``: all but those of the delayed and the
+        waiting swaps found at another position."""
+        known = np.ones((len(idx), 4), dtype=bool)
+        known[:, [_O_LATE, _O_WAIT]] = self.bat_p[idx][:, [_O_LATE, _O_WAIT]] == p
+        return known
 
     def _release_bound(self, tl: Timeline, idx: np.ndarray) -> np.ndarray:
         """Earliest position a swap of each window in ``idx`` could release its
@@ -233,8 +254,10 @@ class _Refiner(Finisher):
         raised point stays under ``limit`` (``None``: no such condition) and
         position ``p`` goes down.  Options: recompute; swap with the swap-in
         where it hides behind compute; swap with the swap-in delayed to right
-        after ``p`` (it then covers ``p``, at the price of a stall).  An
-        evicted window may switch policy or delay its swap-in."""
+        after ``p`` (it then covers ``p``, at the price of a stall); swap that
+        waits for its copy out right before ``p`` (where the copy cannot end
+        before ``p``; a stall), its swap-in after ``p``.  An evicted window
+        may switch policy, delay its swap-in or wait for its copy out."""
         self.evals += 1
         s = int(tl.w_s[j])
         if s in tl.s_retained:   # a storage is either evicted or retained
@@ -249,17 +272,22 @@ class _Refiner(Finisher):
         if self.allow_rec and tl.w_rec_ok[j] and SWAP not in others and cur != REC:
             todo.append((self.cost[j, _O_REC], _O_REC, REC, 0))
         if self.allow_swap and REC not in others:
+            natural = tl is not self.tl or self.rel_lo[j] <= p   # the copy out may end before p
             if cur != SWAP and p <= self.hid_hi[j]:
                 # a swap whose copy out cannot end before p does not lower p (and more copies only
                 # delay the others): evaluate it only where it may release the storage by p
-                if tl is not self.tl or self.rel_lo[j] <= p:
+                if natural:
                     todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
             elif (tl.pos.get(j, -1) if cur == SWAP else self.hid_hi[j]) < p < b:
                 todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+            if self.allow_wait and p < b and (not natural if cur != SWAP else (
+                    tl.wait[j] != p and p < int(tl.sw_r0[j]))):
+                # the copy out cannot end before p: wait for it right before p (its swap-in after p)
+                todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
         if tl is self.tl and limit is not None and todo:
             # as in _select: an option known to raise a point to the peak stays out while it still would
             mem = tl.memory()
-            bat = self.bat[j]
+            bat = np.where(self._bat_known(np.array([j]), p)[0], self.bat[j], -1)
             todo = [x for x in todo if bat[x[1]] < 0 or int(mem[bat[x[1]]]) + int(self.bmem[j, x[1]]) < peak]
         opts: list[tuple[int, int, object]] = []
         ok = []
@@ -271,10 +299,13 @@ class _Refiner(Finisher):
                 best = min(ok, key=lambda x: x[:2])
                 if cached > best[0] or (cached == best[0] and col != _O_REC):
                     break
-            e = tl.evaluate(j, pol, floor=fl) if pol == SWAP else tl.evaluate(j, REC)
+            if pol == SWAP:
+                e = tl.evaluate(j, pol, floor=fl, wait=p if col == _O_WAIT else None)
+            else:
+                e = tl.evaluate(j, REC)
             opts.append((pol, fl, e))
             if tl is self.tl:
-                self._remember(j, [(pol, fl, e)])
+                self._remember(j, [(pol, fl, e)], col)
                 self.bat[j, col] = -1
             if not e.feasible:
                 continue
@@ -292,11 +323,14 @@ class _Refiner(Finisher):
                     self._try_early(tl, j, p, m_p, limit, ok)
                 mem = tl.memory() if mem is None else mem
                 self.bat[j, col] = e.raised_at
+                self.bat_p[j, col] = p
                 self.bmem[j, col] = max(int(e.raised_max - mem[e.raised_at]), 0)
             if col == _O_HID and newp >= m_p and p < b:
                 k = np.flatnonzero(e.swap.ids == j)
                 if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
                     todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+                if len(k) and int(e.swap.r0[k[0]]) > p and self.allow_wait and not any(x[1] == _O_WAIT for x in todo):
+                    todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
         feasible = [(pol, fl, e) for pol, fl, e in opts if e.feasible]
         if not ok:
             return None
@@ -465,11 +499,14 @@ class _Refiner(Finisher):
         finally:
             tl.move_window_back(j, old)
 
-    def _remember(self, j: int, opts) -> None:
-        """Cache the evaluated option costs of window ``j`` (see ``__init__``)."""
+    def _remember(self, j: int, opts, col: int | None = None) -> None:
+        """Cache the evaluated option costs of window ``j`` (see ``__init__``);
+        ``col``: the option column, where it is not told by policy and floor."""
         for pol, fl, e in opts:
             c = max(e.cost_s, 0.0) if e.feasible else np.inf
-            if pol == REC:
+            if col == _O_WAIT:
+                self.cost[j, _O_WAIT] = c
+            elif pol == REC:
                 self.cost[j, _O_REC] = c
             elif fl == 0:
                 self.cost[j, _O_HID] = c

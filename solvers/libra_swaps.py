@@ -10,7 +10,12 @@ the memory timeline, as a whole, vectorized over the swaps.
 - the host-to-device queue is then replayed forwards (running maxima; a
   sequential replay only when something stalls, a stall delaying what follows);
 - a swapped storage leaves the timeline from the first node that starts after
-  its copy out ends until its swap-in is issued.
+  its copy out ends until its swap-in is issued;
+- a swap may wait for its copy out (``Timeline.wait``, the lowering's
+  ``Eviction.out_wait``): the compute stream stalls before that position until
+  the copy has ended, so the storage is gone from there; the device-to-host
+  queue is then replayed forwards with those stalls delaying every later node
+  and copy, and the rest of the layer runs on the delayed start times.
 
 Source: the simulator's copy-queue rules (:mod:`libra_opt.simulator`) and the
 lowering's prefetch rule; Libra (Wang, NTHU 2024) for hiding transfers behind
@@ -30,8 +35,11 @@ class SwapLayer:
     bytes) is what the swaps take off the timeline; ``held`` (shape ``(N,)``,
     bytes) what is still held during the recomputation chain before a
     position although released by the time the node starts; ``stall_s`` per
-    swap.  ``pessimistic``: some swap-in is issued before its copy out ends (a
-    slow link), where the model over-counts memory and stalls."""
+    swap (waits for its swap-in, and for its copy out where it waits for
+    it).  ``pessimistic``: some swap-in is issued before its copy out ends (a
+    slow link), where the model over-counts memory and stalls.  ``wait``
+    (shape ``(len(ids),)``): the position before which each swap waits for its copy
+    out, where that wait takes effect (-1: none)."""
 
     ids: np.ndarray
     prefetch: np.ndarray
@@ -41,6 +49,7 @@ class SwapLayer:
     removal: np.ndarray
     held: np.ndarray
     pessimistic: bool = False
+    wait: np.ndarray | None = None
 
     @property
     def total_stall_s(self) -> float:
@@ -65,12 +74,52 @@ class SwapPlanner:
                 self.wait_q[j], self.wait_off[j] = (w if w is not None else (-1, 0.0))
         self._dirty = set()
 
-    def _swap_layer(self, ids: np.ndarray, regen_time: np.ndarray, floor: tuple | None = None) -> SwapLayer:
+    def _out_waits(self, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, n: int, first: np.ndarray,
+                   o: np.ndarray, d_o: np.ndarray, prod_o: np.ndarray, wt: np.ndarray):
+        """The device-to-host queue with the waits for copies out (``wt``: wait
+        position per swap, -1 none; only a storage's first swap window has
+        one): a wait before node ``w`` stalls until its copy ends, delaying
+        every later node and copy issue.
+
+        With ``D`` the delay so far, a copy issued after node ``p`` ends at
+        ``max(previous end, Tend[p] + D(p)) + duration`` and a wait before node
+        ``w`` raises ``D`` to ``end - chain start(w)``: two running maxima,
+        solved by iterating both vectorized from ``D = 0`` until ``D`` is stable
+        (monotone; the least fixed point is the sequential replay's).
+        Returns (copy end per unique storage in queue order, shape ``(U,)``;
+        stall per swap, shape ``(n,)``; stall per position, shape ``(N,)``)."""
+        N = self.N
+        wq = wt[first][o]                  # wait position per copy, in queue order
+        ks = np.flatnonzero(wq >= 0)
+        ks = ks[np.lexsort((ks, wq[ks]))]  # waits in the order the compute stream meets them
+        wpos = wq[ks]
+        start_w = (T - regen_time)[wpos]
+        S = np.cumsum(d_o)
+        base = Tend[prod_o] - (S - d_o)
+        m_at = np.searchsorted(wpos, prod_o, side="right") - 1   # last wait before each copy's issue
+        D = np.zeros(len(ks))
+        while True:
+            Dk = np.where(m_at >= 0, D[np.maximum(m_at, 0)], 0.0) if len(ks) else 0.0
+            ends = S + np.maximum.accumulate(base + Dk)
+            D_new = np.maximum.accumulate(np.maximum(ends[ks] - start_w, 0.0))
+            if np.array_equal(D_new, D):
+                break
+            D = D_new
+        st = np.diff(D, prepend=0.0)
+        stall_pos = np.zeros(N)
+        np.add.at(stall_pos, wpos, st)
+        stall = np.zeros(n)
+        stall[first[o[ks]]] = st
+        return ends, stall, stall_pos
+
+    def _swap_layer(self, ids: np.ndarray, regen_time: np.ndarray, floor: tuple | None = None,
+                    wait: tuple | None = None) -> SwapLayer:
         N = self.N
         removal = np.zeros(N + 2, dtype=np.int64)
         if len(ids) == 0:
             z = np.zeros(0)
-            return SwapLayer(ids, z.astype(np.int64), z.astype(np.int64), z, z, removal[:N], removal[:N].copy())
+            return SwapLayer(ids, z.astype(np.int64), z.astype(np.int64), z, z, removal[:N], removal[:N].copy(),
+                             wait=z.astype(np.int64))
         ids = np.sort(ids)
         s, a, b, nbytes, prod = self.w_s[ids], self.w_a[ids], self.w_b[ids], self.w_bytes[ids], self.w_prod[ids]
         f = 1.0 + self.margin
@@ -90,16 +139,33 @@ class SwapPlanner:
             uniq, first, inv = np.unique(s, return_index=True, return_inverse=True)
         o = np.lexsort((uniq, prod[first]))
         d_o = d_out[first][o]
-        issue = Tend[prod[first][o]]
-        if self.overlap:
-            S = np.cumsum(d_o)
-            ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
+        wt = self.wait[ids]
+        if wait is not None:
+            wt = np.where(ids == wait[0], wait[1], wt)
+        if not self.unique_storages:   # only a storage's first swap window has its copy out in flight
+            mask = np.zeros(len(ids), dtype=bool)
+            mask[first] = True
+            wt = np.where(mask, wt, -1)
+        self._update_marks()
+        # a chain inside the window that reads the storage swaps it in: a wait after that chain has no copy
+        # out left to wait for (the lowering emits none)
+        wt = np.where(wt > self.touch_first[ids], -1, wt)
+        out_stall = None
+        if self.overlap and (wt >= 0).any():   # waits for copies out: replay the queue with their stalls
+            ends_sorted, out_stall, stall_pos = self._out_waits(T, Tend, regen_time, len(ids), first, o, d_o,
+                                                                prod[first][o], wt)
+            T = T + np.cumsum(stall_pos)
+            Tend = T + self.node_time
         else:
-            ends_sorted = issue + d_o
+            issue = Tend[prod[first][o]]
+            if self.overlap:
+                S = np.cumsum(d_o)
+                ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
+            else:
+                ends_sorted = issue + d_o
         ends_u = np.empty_like(ends_sorted)
         ends_u[o] = ends_sorted
         d2h_end = ends_u[inv]
-        self._update_marks()
         # prefetches: walk the host-to-device queue backwards from each use (lowering's "auto")
         o = np.lexsort((s, -b))
         use = T[b[o]] - regen_time[b[o]]
@@ -117,22 +183,25 @@ class SwapPlanner:
         if floor is not None:
             fl = np.where(ids == floor[0], floor[1], fl)
         pos = np.maximum(pos, fl)   # a prefetch delayed on purpose to cover a later peak
+        pos = np.maximum(pos, wt - 1)   # a swap-in is issued after the wait for the copy out
         pos = np.clip(pos, a + 1, b - 1)
         # replay the host-to-device queue forwards in issue order; a stall delays everything after it
         stall = np.zeros(len(ids))
         wq = self.wait_q[ids]
         wpos = np.where(wq >= 0, wq, b)
         woff = np.where(wq >= 0, self.wait_off[ids], 0.0)
+        # a swap-in is issued after node pos, after the waits for copies out before node pos + 1
+        issue_in = Tend[pos] if out_stall is None else T[pos + 1] - regen_time[pos + 1]
         if self.overlap:
             wait_at = T[wpos] - regen_time[wpos] + woff
             o_in = np.lexsort((s, b, pos))   # at one position: in order of use (lowering)
-            ready = np.maximum(Tend[pos], d2h_end)[o_in]
+            ready = np.maximum(issue_in, d2h_end)[o_in]
             S = np.cumsum(d_in[o_in])
             arrive = np.empty(len(ids))
             arrive[o_in] = S + np.maximum.accumulate(ready - (S - d_in[o_in]))
             if (arrive > wait_at).any():
                 stall = self._replay(o_in.tolist(), np.lexsort((s, woff, wpos)).tolist(), wpos.tolist(),
-                                     pos.tolist(), wait_at.tolist(), Tend[pos].tolist(), d_in.tolist(),
+                                     pos.tolist(), wait_at.tolist(), issue_in.tolist(), d_in.tolist(),
                                      d2h_end.tolist())
         else:
             stall = d_in + d_out
@@ -144,11 +213,11 @@ class SwapPlanner:
             delay = np.cumsum(stall_at)
             r0 = np.maximum(a + 1, np.searchsorted(T + delay, d2h_end, side="left"))
             # a swap-in issued before its copy out has ended holds a second buffer until then
-            late = d2h_end > Tend[pos] + delay[pos]
+            late = d2h_end > issue_in + delay[pos]
             r0_late = np.maximum(pos + 2, np.searchsorted(T, d2h_end, side="left"))
         elif self.overlap:   # no stall: no delay
             r0 = np.maximum(a + 1, np.searchsorted(T, d2h_end, side="left"))
-            late = d2h_end > Tend[pos]
+            late = d2h_end > issue_in
             r0_late = np.maximum(pos + 2, np.searchsorted(T, d2h_end, side="left"))
         else:
             r0 = a + 1
@@ -166,7 +235,9 @@ class SwapPlanner:
             chain_start = (T[r0c] + delay[r0c] if stalled else T[r0c]) - regen_time[r0c]
             h = ok & (regen_time[r0c] > 0) & (d2h_end > chain_start)
             np.add.at(held, r0c[h], nbytes[h])
-        return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()))
+        if out_stall is not None:
+            stall = stall + out_stall
+        return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()), wt)
 
     @staticmethod
     def _replay(o_in, o_wait, wpos, pos, wait_at, issue_at, d_in, host) -> np.ndarray:

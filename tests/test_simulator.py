@@ -308,7 +308,7 @@ def test_reject_budget_exceeded_names_the_instruction():
 
 def test_reject_other_malformed_plans():
     p = swap_problem()
-    rejected(p, [Compute(0), Wait(A)], "has no swap-in in flight", 1, "Wait(a)")
+    rejected(p, [Compute(0), Wait(A)], "has no copy in flight", 1, "Wait(a)")
     rejected(p, [Compute(0), SwapIn(A)], "no host copy", 1, "SwapIn(a)")
     rejected(p, [Compute(0), SwapOut(A), SwapIn(A)], "still resident", 2, "SwapIn(a)")
     rejected(p, [Compute(0), Free(A), Free(A)], "not resident", 2, "Free(a)")

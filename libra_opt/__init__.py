@@ -27,7 +27,11 @@ from __future__ import annotations
 import importlib
 import types
 
+from ._moved import install as _install_moved
+
 __version__ = "0.1.0"
+
+_install_moved()   # old module paths (libra_opt.zoo, libra_opt.solvers.checkmate_milp, ...): libra_opt/_moved.py
 
 _LAZY = {
     "RematProblem": "libra_opt.problem", "ProblemBuilder": "libra_opt.problem", "Node": "libra_opt.problem",

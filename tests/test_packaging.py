@@ -51,7 +51,7 @@ def test_the_wheel_holds_every_module_of_the_source_tree(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     in_wheel = {n for n in names if n.endswith(".py")}
     assert in_wheel == source_modules()
-    assert "libra_opt/cli/__init__.py" in in_wheel and "libra_opt/generators.py" in in_wheel
+    assert "libra_opt/cli/__init__.py" in in_wheel and "libra_opt/frontend/generators.py" in in_wheel
 
 
 def test_the_wheel_declares_the_script_and_one_scheme_of_extras(wheel):

@@ -64,7 +64,7 @@ CPU_DEFAULT = ("gpt2-cpu", 8, 128)
 GPU_DEFAULT = ("gpt2", 8, 512)
 
 #: models the demo builds itself, besides the zoo's
-DEMO_MODELS = {"gpt2-cpu": "libra_opt.demo:gpt2_cpu"}
+DEMO_MODELS = {"gpt2-cpu": "libra_opt.apps.demo:gpt2_cpu"}
 
 
 def gpt2_cpu(batch: int, seq: int | None = None, device: str | torch.device = "cpu",

@@ -96,7 +96,7 @@ UNIT_TIME_S = 1e-6
 #: ``model``, ``args``, ``kwargs``, ``loss_fn``, ``name``, ``batch``, ``seq``, ``description``, as
 #: :class:`~libra_opt.zoo.ZooModel` has).  The zoo, an application of this module, is the default; this
 #: module never imports it.
-NAME_BUILDER = "libra_opt.zoo:build_model"
+NAME_BUILDER = "libra_opt.apps.zoo:build_model"
 
 #: the CUDA caching allocator rounds every block up to a multiple of this (bytes)
 _CUDA_BLOCK = 512

@@ -55,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("graphs", nargs="?", metavar="GRAPHS",
                    help="folder of the node-link graphs (Moccasin's export of the Checkmate graphs; see above)")
     p.add_argument("--generate", metavar="N1,N2,...",
-                   help="also run random layered graphs of these sizes from libra_opt.generators (seed 0)")
+                   help="also run random layered graphs of these sizes from libra_opt.frontend.generators (seed 0)")
     p.add_argument("--only", nargs="*", default=None, metavar="NAME",
                    help="only graphs whose file name contains one of these")
     p.add_argument("--budgets", default="0.9,0.8,0.7", help="fractions of the no-remat peak (default 0.9,0.8,0.7)")
@@ -117,8 +117,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from libra_opt.cli.common import budget_list_arg
-    from libra_opt.compare import compare, rows_to_csv, time_limit_options
-    from libra_opt.importers import load_problem_any
+    from libra_opt.apps.compare import compare, rows_to_csv, time_limit_options
+    from libra_opt.frontend.importers import load_problem_any
     from libra_opt.solvers import available_solvers
 
     graphs = sorted(Path(args.graphs).glob("*.json")) if args.graphs else []
@@ -128,7 +128,7 @@ def main(argv=None) -> int:
         import json
         import tempfile
 
-        from libra_opt.generators import random_layered_graph_dict
+        from libra_opt.frontend.generators import random_layered_graph_dict
 
         tmp = Path(tempfile.mkdtemp(prefix="random_layered_"))
         for n in (int(x) for x in args.generate.split(",")):

@@ -11,7 +11,7 @@ each kind are listed with their seeds so they can be replayed:
     python benchmarks/fuzz_solvers.py                       # 10,000 cases, fast solvers
     python benchmarks/fuzz_solvers.py --cases 500 --checkmate --checkmate-time-limit 5
     python benchmarks/fuzz_solvers.py --exact-only --checkmate-time-limit 2 -o results/fuzz_exact.md
-    python -c "from libra_opt.fuzz import *; p = random_problem(SEED); print(check_case(p, random_budget(p, SEED), 'swap-all'))"
+    python -c "from libra_opt.apps.fuzz import *; p = random_problem(SEED); print(check_case(p, random_budget(p, SEED), 'swap-all'))"
 
 Exit status 1 when any solver had an internal error or a ``SolverError``.
 """
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
 
     from tqdm import tqdm
 
-    from libra_opt.fuzz import (FAST_SOLVERS, INFEASIBLE, INTERNAL_ERROR, PLAN, SOLVER_ERROR, check_case,
-                                random_budget, random_problem)
+    from libra_opt.apps.fuzz import (FAST_SOLVERS, INFEASIBLE, INTERNAL_ERROR, PLAN, SOLVER_ERROR, check_case,
+                                     random_budget, random_problem)
 
     solvers = [] if args.exact_only else list(FAST_SOLVERS)
     if args.checkmate or args.exact_only:

@@ -78,9 +78,9 @@ import headline as hl  # noqa: E402  (the benchmark's steps, measurements and ke
 
 from libra_opt.atomic import write_text  # noqa: E402
 from libra_opt.errors import LibraOptError  # noqa: E402
-from libra_opt.train_methods import make_train_step  # noqa: E402
-from libra_opt.units import format_bytes  # noqa: E402
-from libra_opt.zoo import build_model  # noqa: E402
+from libra_opt.apps.train_methods import make_train_step  # noqa: E402
+from libra_opt.ir.units import format_bytes  # noqa: E402
+from libra_opt.apps.zoo import build_model  # noqa: E402
 
 log = logging.getLogger("gpu_check")
 
@@ -241,8 +241,8 @@ class Runner:
     def problem(self):
         """The model's problem, captured and profiled once per call."""
         if self._problem is None:
-            from libra_opt.capture import build_problem, capture
-            from libra_opt.profiling import device_profile, profile_step
+            from libra_opt.frontend.capture import build_problem, capture
+            from libra_opt.frontend.profiling import device_profile, profile_step
 
             zm = self.fresh()
             step = capture(zm.model, zm.args, zm.kwargs, autocast_dtype=self.env.autocast, loss_fn=zm.loss_fn)
@@ -258,8 +258,8 @@ class Runner:
         fraction of the no-remat peak), run it, measure it; checks
         ``sim-vs-measured``.  Raises ``LibraOptError`` (no plan, or no such
         executor in this build)."""
-        from libra_opt.costs import for_executor
-        from libra_opt.simulator import no_remat_peak
+        from libra_opt.passes.costs import for_executor
+        from libra_opt.passes.simulator import no_remat_peak
         from libra_opt.solvers import solve
 
         zm, step, problem, _ = self.problem()
@@ -359,7 +359,7 @@ class Runner:
                                           f"compile {ref * 1e3:.1f} ms there"))
 
     def part_profiles(self) -> None:
-        from libra_opt.profiling import profile_agreement, profile_step
+        from libra_opt.frontend.profiling import profile_agreement, profile_step
 
         _, step, _, first = self.problem()
         second = profile_step(step, progress=False)
@@ -382,8 +382,8 @@ class Runner:
         return grads
 
     def part_grads(self) -> None:
-        from libra_opt.costs import for_executor
-        from libra_opt.simulator import no_remat_peak
+        from libra_opt.passes.costs import for_executor
+        from libra_opt.passes.simulator import no_remat_peak
         from libra_opt.solvers import solve
 
         zm, step, problem, _ = self.problem()
@@ -510,7 +510,7 @@ def main(argv=None) -> int:
     t_end = time.monotonic() + args.deadline
     if not cuda:
         torch.set_num_threads(1)
-    from libra_opt.units import parse_bytes
+    from libra_opt.ir.units import parse_bytes
 
     cap = parse_bytes(args.memory) if cuda else hl._smoke_cap(models[0], CPU_MODELS[models[0]][0])
     env = hl.Env(device=torch.device(args.device), cap=cap, smoke=not cuda,

@@ -76,12 +76,12 @@ from typing import Any, Callable
 import torch
 
 from libra_opt.atomic import atomic_write, write_text
-from libra_opt.batch_search import free_device_memory, oom_safe, search_max_batch
+from libra_opt.apps.batch_search import free_device_memory, oom_safe, search_max_batch
 from libra_opt.errors import LibraOptError
-from libra_opt.max_batch import memory_cap
-from libra_opt.train_methods import TrainStep, fixed_memory_bytes, make_train_step, solver_budget, time_steps
-from libra_opt.units import format_bytes, parse_bytes
-from libra_opt.zoo import build_model
+from libra_opt.apps.max_batch import memory_cap
+from libra_opt.apps.train_methods import TrainStep, fixed_memory_bytes, make_train_step, solver_budget, time_steps
+from libra_opt.ir.units import format_bytes, parse_bytes
+from libra_opt.apps.zoo import build_model
 
 log = logging.getLogger("headline")
 
@@ -420,7 +420,7 @@ def predicted_max_batch(m: Method, model: str, seq: int, env: Env, eager: int | 
     profiled on this device, extrapolated linearly in the batch
     (:func:`libra_opt.max_batch.predict_max_batch` with ``problems=``),
     planned and checked by the simulator.  ``(guess or None, probes)``."""
-    from libra_opt.max_batch import predict_max_batch
+    from libra_opt.apps.max_batch import predict_max_batch
 
     if m.kind != "solver" or not eager or eager < 3:
         return None, []
@@ -467,7 +467,7 @@ def _max_batch_entry(result) -> dict:
 def maxbatch_via_library(m: Method, model: str, seq: int, env: Env, start: int, guess: int | None) -> dict:
     """A libra method's max batch by :func:`libra_opt.max_batch.max_batch`
     (closed-loop calibration and executor where this build has them)."""
-    from libra_opt.max_batch import max_batch
+    from libra_opt.apps.max_batch import max_batch
 
     kw, notes = libra_keywords(max_batch, executor=m.executor, calibrate=env.calibrate)
     res = max_batch(model, env.cap, m.solver, seq=seq, device=env.device, autocast_dtype=env.autocast,
@@ -587,10 +587,10 @@ def part_sweep(families, model: str, seq: int, env: Env, store: Store, batch: in
     """Budget against step-time overhead at ``batch`` (no cap: the budget is
     the constraint); each row stored as soon as it is measured, keyed by
     (batch, method, setting)."""
-    from libra_opt.capture import capture
-    from libra_opt.costs import for_executor
-    from libra_opt.profiling import problem_of
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.frontend.capture import capture
+    from libra_opt.passes.costs import for_executor
+    from libra_opt.frontend.profiling import problem_of
+    from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import solve
 
     def fresh():
@@ -794,7 +794,7 @@ def render(data: dict, out: Path, stem: str) -> list[Path]:
                             "ratio": r.get("budget_fraction")})
     written.append(p)
     if curves:
-        from libra_opt.plots import plot_budget_curve
+        from libra_opt.apps.plots import plot_budget_curve
 
         batches = sorted({c["batch"] for c in curves}, key=int)
         p = out / f"{stem}_sweep.png"

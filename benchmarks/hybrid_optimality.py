@@ -70,8 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def instances(args) -> list:
     """``(name, problem)`` pairs to run."""
-    from libra_opt.generators import early_regeneration_graph, large_beside_small_graph, random_layered_graph
-    from libra_opt.importers import load_problem_any
+    from libra_opt.frontend.generators import early_regeneration_graph, large_beside_small_graph, random_layered_graph
+    from libra_opt.frontend.importers import load_problem_any
 
     out = []
     if args.graphs:
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from libra_opt.errors import InfeasibleBudgetError
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import solve
 
     budgets = [float(b) for b in args.budgets.split(",")]

@@ -42,8 +42,8 @@ BASELINES = ("checkpoint-all", "chen-sqrt", "chen-greedy")
 
 def instances(args):
     """``(problem, fractions)`` pairs."""
-    from libra_opt import generators as G
-    from libra_opt.importers import load_problem_any
+    from libra_opt.frontend import generators as G
+    from libra_opt.frontend.importers import load_problem_any
 
     out = []
     for n in ((16, 24) if args.quick else (16, 24, 30, 60)):
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="the small pattern graphs only")
     p.add_argument("--out", default=str(RESULTS / "libra_patterns.csv"))
     args = p.parse_args(argv)
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import solve
 
     rows = []

@@ -85,7 +85,7 @@ def _num(x):
 
 
 def checkmate_table(only, time_limit, refresh) -> None:
-    from libra_opt.importers import load_remat_graph
+    from libra_opt.frontend.importers import load_remat_graph
 
     have = {n: importlib.util.find_spec(f"libra_opt.solvers.{m}") is not None
             for n, m in (("checkmate-milp", "checkmate_milp"), ("checkmate-lp", "checkmate_lp"))}
@@ -140,7 +140,7 @@ def _problems():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from libra_speed import transformer_problem
 
-    from libra_opt.problem_io import load_problem
+    from libra_opt.ir.problem_io import load_problem
 
     out = [load_problem(f) for f in sorted(glob.glob(str(ROOT / "problems" / "*.json*")))]
     out.append(transformer_problem(layers=12))
@@ -174,8 +174,8 @@ def hybrid_table(problems) -> None:
 
 
 def reach_table(problems) -> None:
-    from libra_opt.importers import load_remat_graph
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.frontend.importers import load_remat_graph
+    from libra_opt.passes.simulator import no_remat_peak
 
     files = sorted(glob.glob(os.path.join(GRAPHS, "*.json"))) if GRAPHS else []
     probs = list(problems) + [load_remat_graph(f) for f in files]

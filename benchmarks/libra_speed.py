@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from libra_opt.problem import BACKWARD, DeviceProfile, ProblemBuilder, Provenance, RematProblem
+from libra_opt.ir.problem import BACKWARD, DeviceProfile, ProblemBuilder, Provenance, RematProblem
 
 MATMUL_FLOP_S = 400e12    #: dense bf16 matmul throughput assumed for an H100, FLOP/s
 MEM_BYTES_S = 2.5e12      #: HBM bandwidth reached by memory-bound ops, bytes/s
@@ -183,10 +183,10 @@ def main(argv=None) -> int:
                                                            "no-remat peak; default 0.6)")
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args(argv)
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
 
     if args.problem:
-        from libra_opt.problem_io import load_problem
+        from libra_opt.ir.problem_io import load_problem
 
         def fresh():
             return load_problem(args.problem)

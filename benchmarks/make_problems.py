@@ -102,9 +102,9 @@ def make(model: str, batch: int, seq: int | None, device: str, dtype: str, autoc
 
 def readme_rows() -> list[str]:
     """One markdown table row per problem file in ``problems/``."""
-    from libra_opt.problem_io import load_problem
-    from libra_opt.simulator import no_remat_peak
-    from libra_opt.units import format_bytes, format_seconds
+    from libra_opt.ir.problem_io import load_problem
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.ir.units import format_bytes, format_seconds
 
     rows = []
     for path in sorted(PROBLEMS.glob("*.json*")):

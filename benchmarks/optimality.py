@@ -135,12 +135,12 @@ def solve_one(problem, budget, solver, options):
 
 def compare_pair(problem, budget_bytes: int, mode: str, exact: str, time_limit: float) -> dict:
     """One row: the greedy and the exact solver of ``mode`` at one budget."""
-    from libra_opt.compare import time_limit_options
+    from libra_opt.apps.compare import time_limit_options
     from libra_opt.solvers.certificates import best_bound, gap
 
     (greedy, gopts) = MODES[mode][0]
     row = dict(mode=mode, budget_bytes=budget_bytes, exact=exact)
-    from libra_opt.bounds import memory_lower_bound
+    from libra_opt.passes.bounds import memory_lower_bound
 
     base = problem.total_compute_s
     notes = []
@@ -261,8 +261,8 @@ def read_csv(path: Path) -> list[dict]:
 
 
 def load(path: Path, copy_ratio: float | None):
-    from libra_opt.importers import load_problem_any
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.frontend.importers import load_problem_any
+    from libra_opt.passes.simulator import no_remat_peak
 
     problem = load_problem_any(path)
     if copy_ratio is not None:
@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from tqdm.auto import tqdm
 
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
 
     if args.table_from:
         rows = read_csv(Path(args.table_from))

@@ -38,7 +38,7 @@ def schedule_hash(schedule) -> str:
 
 def hash_all(paths, policies=POLICIES, budgets=BUDGETS) -> dict:
     """``{problem file: {policy: {budget: hash or outcome}}}``."""
-    from libra_opt.problem_io import load_problem
+    from libra_opt.ir.problem_io import load_problem
     from libra_opt.solvers import solve_many
 
     out: dict = {}

@@ -19,10 +19,10 @@ import glob
 import time
 
 from libra_opt import load_problem
-from libra_opt.bounds import memory_lower_bound
-from libra_opt.generators import random_layered_graph
-from libra_opt.simulator import no_remat_peak, simulate
-from libra_opt.schedule import no_remat_schedule
+from libra_opt.passes.bounds import memory_lower_bound
+from libra_opt.frontend.generators import random_layered_graph
+from libra_opt.passes.simulator import no_remat_peak, simulate
+from libra_opt.ir.schedule import no_remat_schedule
 from libra_opt.solvers import get_solver
 
 POLICIES = [("libra", dict(policy="hybrid")), ("libra", dict(policy="recompute")), ("libra", dict(policy="swap")),

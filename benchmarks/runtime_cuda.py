@@ -112,13 +112,13 @@ class _Fraction:
 
 
 def run_model(key: str, budgets, warmup: int, repeats: int, log) -> list[dict]:
-    from libra_opt.capture import capture
+    from libra_opt.frontend.capture import capture
     from libra_opt.errors import InfeasibleBudgetError
     from libra_opt.optimize import optimize, problem_of
     from libra_opt.runtime.module import OptimizedModule
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import solve
-    from libra_opt.zoo import build_model
+    from libra_opt.apps.zoo import build_model
 
     name, batch, seq = MODELS[key]
     zm = build_model(name, batch, seq, device="cuda", seed=0)

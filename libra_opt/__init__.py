@@ -27,26 +27,30 @@ from __future__ import annotations
 import importlib
 import types
 
+from ._moved import install as _install_moved
+
 __version__ = "0.1.0"
 
+_install_moved()   # old module paths (libra_opt.zoo, libra_opt.solvers.checkmate_milp, ...): libra_opt/_moved.py
+
 _LAZY = {
-    "RematProblem": "libra_opt.problem", "ProblemBuilder": "libra_opt.problem", "Node": "libra_opt.problem",
-    "Tensor": "libra_opt.problem", "FixedMemory": "libra_opt.problem", "DeviceProfile": "libra_opt.problem",
-    "Provenance": "libra_opt.problem",
-    "Schedule": "libra_opt.schedule", "no_remat_schedule": "libra_opt.schedule",
-    "Compute": "libra_opt.schedule", "Free": "libra_opt.schedule", "SwapOut": "libra_opt.schedule",
-    "SwapIn": "libra_opt.schedule", "Wait": "libra_opt.schedule",
-    "simulate": "libra_opt.simulator", "SimulationResult": "libra_opt.simulator",
-    "no_remat_peak": "libra_opt.simulator",
+    "RematProblem": "libra_opt.ir.problem", "ProblemBuilder": "libra_opt.ir.problem", "Node": "libra_opt.ir.problem",
+    "Tensor": "libra_opt.ir.problem", "FixedMemory": "libra_opt.ir.problem", "DeviceProfile": "libra_opt.ir.problem",
+    "Provenance": "libra_opt.ir.problem",
+    "Schedule": "libra_opt.ir.schedule", "no_remat_schedule": "libra_opt.ir.schedule",
+    "Compute": "libra_opt.ir.schedule", "Free": "libra_opt.ir.schedule", "SwapOut": "libra_opt.ir.schedule",
+    "SwapIn": "libra_opt.ir.schedule", "Wait": "libra_opt.ir.schedule",
+    "simulate": "libra_opt.passes.simulator", "SimulationResult": "libra_opt.passes.simulator",
+    "no_remat_peak": "libra_opt.passes.simulator",
     "solve": "libra_opt.solvers", "solve_many": "libra_opt.solvers", "register_solver": "libra_opt.solvers",
     "available_solvers": "libra_opt.solvers", "Solver": "libra_opt.solvers", "SolveResult": "libra_opt.solvers",
-    "load_problem": "libra_opt.problem_io", "save_problem": "libra_opt.problem_io",
-    "load_remat_graph": "libra_opt.importers",
-    "capture": "libra_opt.capture", "profile": "libra_opt.profiling",
+    "load_problem": "libra_opt.ir.problem_io", "save_problem": "libra_opt.ir.problem_io",
+    "load_remat_graph": "libra_opt.frontend.importers",
+    "capture": "libra_opt.frontend.capture", "profile": "libra_opt.frontend.profiling",
     "optimize": "libra_opt.optimize", "backend": "libra_opt.compile_backend",
     "LibraOptError": "libra_opt.errors", "InfeasibleBudgetError": "libra_opt.errors",
     "BudgetError": "libra_opt.errors", "MissingExtraError": "libra_opt.errors",
-    "random_layered_graph": "libra_opt.generators",
+    "random_layered_graph": "libra_opt.frontend.generators",
     "CalibrationError": "libra_opt.errors",
     "pad_to_bucket": "libra_opt.plan_cache",
 }

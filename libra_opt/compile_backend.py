@@ -62,8 +62,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .capture import CapturedStep, example_tangents
-from .capture_passes import apply_graph_passes, apply_joint_passes
+from .frontend.capture import CapturedStep, example_tangents
+from .frontend.capture_passes import apply_graph_passes, apply_joint_passes
 from .errors import CaptureError, InfeasibleBudgetError, LibraOptError
 
 logger = logging.getLogger(__name__)
@@ -187,10 +187,10 @@ class LibraBackend:
 
     def __init__(self, budget, solver="libra", *, executor: str | None = None, profile: bool = True,
                  optimizer: str = "adam", **solver_options):
-        from .capture import OPTIMIZER_STATE_FACTOR
+        from .frontend.capture import OPTIMIZER_STATE_FACTOR
         from .runtime.inductor import resolve_executor
         from .solvers import get_solver
-        from .units import check_budget
+        from .ir.units import check_budget
 
         check_budget(budget)
         if executor is not None:
@@ -300,17 +300,17 @@ class LibraBackend:
         """Profile ``step`` (or give it unit op times), build its problem and
         solve it to the budget (less the allocator margin on CUDA, as
         :func:`libra_opt.optimize` does)."""
-        from .calibrate import default_margin
+        from .frontend.calibrate import default_margin
         from .optimize import problem_of
-        from .simulator import no_remat_peak
+        from .passes.simulator import no_remat_peak
         from .solvers import solve
-        from .units import parse_budget
+        from .ir.units import parse_budget
 
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=[step.device] if step.device.type == "cuda" else []):
             problem = problem_of(step, optimizer=self.optimizer, profile=self.profile)   # leaves the RNG as it was
         if graph.executor != "eager" and problem.device.memory_bytes_per_s:
-            from .costs import for_executor
+            from .passes.costs import for_executor
 
             problem = for_executor(problem, graph.executor)     # recomputes priced as Inductor runs them (fused)
         graph.problem = problem
@@ -353,7 +353,7 @@ class LibraBackend:
 
 def _break_budget_rule(budget) -> str:
     """How a budget applies to the graphs of a broken model (see the module docstring)."""
-    from .units import _classify
+    from .ir.units import _classify
 
     kind, _ = _classify(budget)
     if kind == "fraction":
@@ -443,7 +443,7 @@ def _captured_step(joint: fx.GraphModule, num_fwd_outputs: int, primals: list, k
                    name: str) -> CapturedStep:
     """The :class:`~libra_opt.capture.CapturedStep` of a joint graph AOTAutograd traced for a Dynamo graph
     whose inputs are ``primals`` (real tensors, or fake ones replaced by zeros)."""
-    from .capture import _check_data_independent
+    from .frontend.capture import _check_data_independent
 
     _check_data_independent(joint, name)
     primals = [_real(t) for t in primals]

@@ -55,7 +55,7 @@ class InfeasibleBudgetError(LibraOptError, ValueError):
 
     def __init__(self, budget_bytes: int, min_feasible_bytes: int | None, solver: str,
                  detail: str = ""):
-        from .units import format_bytes
+        from .ir.units import format_bytes
 
         msg = f"solver {solver!r}: no plan fits a budget of {format_bytes(budget_bytes)}"
         if min_feasible_bytes is not None:

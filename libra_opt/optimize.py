@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from . import CallableModule
-from .capture import CapturedStep, capture
+from .frontend.capture import CapturedStep, capture
 from .plan_cache import DEFAULT_MAX_SHAPES
-from .problem import RematProblem
-from .profiling import UNIT_TIME_S, problem_of  # noqa: F401  (public here too: the one model-to-problem pipeline)
+from .ir.problem import RematProblem
+from .frontend.profiling import UNIT_TIME_S, problem_of  # noqa: F401  (public here too: the one model-to-problem pipeline)
 from .runtime.memory import configure_allocator
 
 logger = logging.getLogger(__name__)
@@ -206,9 +206,9 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
     from .errors import InfeasibleBudgetError, LibraOptError
     from .runtime.inductor import check_cuda_graphs, resolve_executor
     from .runtime.module import OptimizedModule
-    from .simulator import no_remat_peak
+    from .passes.simulator import no_remat_peak
     from .solvers import solve
-    from .units import check_budget, parse_budget
+    from .ir.units import check_budget, parse_budget
 
     # the budget contract, the executor and the margin: checked before anything is captured or profiled
     check_budget(budget)
@@ -260,7 +260,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
         problem = _problem(step, store, problem_builder, optimizer=optimizer, profile=profile)
     reference = problem
     if executor != "eager" and problem.device.memory_bytes_per_s:
-        from .costs import for_executor
+        from .passes.costs import for_executor
 
         problem = for_executor(problem, executor)  # recomputes priced as the executor runs them (fused)
     budget_bytes = parse_budget(budget, no_remat_peak(problem))
@@ -294,7 +294,7 @@ def optimize(model: nn.Module, example_inputs: Any, budget, solver="libra", exam
 
     records = []
     if calibrate:
-        from .calibrate import calibrate as close_loop
+        from .frontend.calibrate import calibrate as close_loop
         from .runtime.memory import memory_for
 
         om, records = close_loop(plan, lambda m: _measured_step(m, args, example_kwargs or {}), budget_bytes,
@@ -359,7 +359,7 @@ def _check_margin(margin) -> None:
 
 def _margin_bytes(margin, budget_bytes: int, device) -> int:
     """The allocator margin in bytes (see ``optimize(allocator_margin=)``)."""
-    from .calibrate import default_margin
+    from .frontend.calibrate import default_margin
     from .errors import LibraOptError
 
     if margin is None:
@@ -376,7 +376,7 @@ def _measured_step(om, args: tuple, kwargs: dict) -> None:
     model's gradients, buffers and RNG state as they were."""
     from torch.utils._pytree import tree_leaves
 
-    from .calibrate import preserved_state
+    from .frontend.calibrate import preserved_state
 
     with preserved_state(om.model):
         out = om(*args, **kwargs)

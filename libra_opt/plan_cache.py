@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from .errors import InfeasibleBudgetError, LibraOptError
-from .problem import RematProblem
+from .ir.problem import RematProblem
 
 logger = logging.getLogger(__name__)
 
@@ -166,7 +166,7 @@ def scale_to_step(reference: RematProblem, step, *, optimizer: str | None = None
         and ``extra["matched_nodes"]`` (ops priced from their own profile,
         of all ops).
     """
-    from .capture import build_problem
+    from .frontend.capture import build_problem
 
     opt = optimizer or reference.fixed.optimizer
     bare = build_problem(step, device=reference.device, optimizer=opt)
@@ -257,15 +257,15 @@ class ShapePlanner:
         CaptureError
             The step does not capture as one graph at this shape.
         """
-        from .capture import capture
-        from .simulator import no_remat_peak
+        from .frontend.capture import capture
+        from .passes.simulator import no_remat_peak
         from .solvers import solve
 
         t0 = time.perf_counter()
         step = capture(model, args, kwargs, autocast_dtype=autocast_dtype, loss_fn=self.loss_fn)
         problem = scale_to_step(self.reference, step)
         if self.executor != "eager" and problem.device.memory_bytes_per_s:
-            from .costs import for_executor
+            from .passes.costs import for_executor
 
             problem = for_executor(problem, self.executor)
         solve_fn = self.solve_fn or solve

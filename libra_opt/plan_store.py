@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from .errors import LibraOptError, OutputPathError, ProblemError, ProblemFileError, ScheduleError
-from .problem import RematProblem
+from .ir.problem import RematProblem
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _device_description(device: torch.device) -> dict:
         from .runtime.memory import cuda_index
 
         return {"type": "cuda", "name": torch.cuda.get_device_name(cuda_index(device))}
-    from .profiling import _cpu_name
+    from .frontend.profiling import _cpu_name
 
     return {"type": device.type, "name": _cpu_name() if device.type == "cpu" else device.type,
             "threads": torch.get_num_threads()}
@@ -149,7 +149,7 @@ def problem_fingerprint(problem: RematProblem) -> str:
     """SHA-256 of what a plan depends on in ``problem``: its nodes (times,
     workspace), tensors, outputs, fixed memory, device and cost model; not
     its name or provenance."""
-    from .problem_io import problem_to_dict
+    from .ir.problem_io import problem_to_dict
 
     d = problem_to_dict(problem)
     d.pop("name", None)
@@ -210,7 +210,7 @@ class PlanStore:
     def load_problem(self, key: dict) -> RematProblem | None:
         """The saved problem of ``key``, or ``None`` (absent; corrupt or
         stale: a :class:`PlanCacheWarning` names why)."""
-        from .problem_io import load_problem
+        from .ir.problem_io import load_problem
 
         path = self.path(key)
         if not path.exists():
@@ -231,7 +231,7 @@ class PlanStore:
 
     def save_problem(self, key: dict, problem: RematProblem) -> None:
         """Save ``problem`` under ``key`` (atomically); a failed write warns."""
-        from .problem_io import save_problem
+        from .ir.problem_io import save_problem
 
         prov = problem.provenance
         keyed = problem.replace(provenance=dataclasses.replace(prov, extra={**prov.extra, "cache_key": key}))
@@ -257,9 +257,9 @@ class PlanStore:
         InfeasibleBudgetError, SolverNotFoundError, SolverUnavailableError
             As :func:`libra_opt.solve`.
         """
-        from .simulator import no_remat_peak
+        from .passes.simulator import no_remat_peak
         from .solvers import solve
-        from .units import parse_budget
+        from .ir.units import parse_budget
 
         if not isinstance(solver, str):
             return solve(problem, budget, solver, **options)
@@ -275,8 +275,8 @@ class PlanStore:
     def load_plan(self, key: dict, problem: RematProblem):
         """The saved plan of ``key`` as a :class:`~libra_opt.solvers.SolveResult`
         (simulated on ``problem`` within the key's budget), or ``None``."""
-        from .schedule import Schedule
-        from .simulator import simulate
+        from .ir.schedule import Schedule
+        from .passes.simulator import simulate
         from .solvers import SolveResult
 
         path = self.path(key)
@@ -308,7 +308,7 @@ class PlanStore:
 
     def save_plan(self, key: dict, result) -> None:
         """Save ``result``'s schedule under ``key`` (atomically); a failed write warns."""
-        from .schedule import Schedule
+        from .ir.schedule import Schedule
 
         sched = result.schedule
         extra = {"status": result.status, "lower_bound_s": result.lower_bound_s, "gap": result.gap}

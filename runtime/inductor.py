@@ -126,7 +126,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from libra_opt.capture_passes import RNG_STATE, RNG_STATE_META, replay_random
+from libra_opt.frontend.capture_passes import RNG_STATE, RNG_STATE_META, replay_random
 from libra_opt.errors import ExecutorError
 
 from . import offload_ops

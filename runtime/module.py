@@ -37,10 +37,10 @@ import warnings
 import torch
 from torch import nn
 
-from libra_opt.capture import autocast_context, check_example_shapes, example_input_shapes, step_function
-from libra_opt.capture_passes import apply_graph_passes, apply_joint_passes
+from libra_opt.frontend.capture import autocast_context, check_example_shapes, example_input_shapes, step_function
+from libra_opt.frontend.capture_passes import apply_graph_passes, apply_joint_passes
 from libra_opt.errors import InputMismatchError, LibraOptError, RuntimeExecutionError
-from libra_opt.problem import RematProblem
+from libra_opt.ir.problem import RematProblem
 
 from .inductor import InductorCompiler, check_cuda_graphs, resolve_executor
 from .partition import LoweredPlan, lower_plan

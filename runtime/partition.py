@@ -52,12 +52,12 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from libra_opt.capture import mutated_primals, tensor_values
-from libra_opt.capture_passes import RNG_STATE_META, replay_random
+from libra_opt.frontend.capture import mutated_primals, tensor_values
+from libra_opt.frontend.capture_passes import RNG_STATE_META, replay_random
 from libra_opt.errors import RuntimeExecutionError
-from libra_opt.interpreter import ScheduleInterpreter
-from libra_opt.problem import BACKWARD, FORWARD, RematProblem
-from libra_opt.schedule import Op, Schedule, wait_kinds
+from libra_opt.passes.interpreter import ScheduleInterpreter
+from libra_opt.ir.problem import BACKWARD, FORWARD, RematProblem
+from libra_opt.ir.schedule import Op, Schedule, wait_kinds
 
 logger = logging.getLogger(__name__)
 

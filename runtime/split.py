@@ -61,10 +61,10 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from libra_opt.capture import CapturedStep, check_example_shapes, example_input_shapes, step_function
-from libra_opt.capture_passes import apply_graph_passes, apply_joint_passes
+from libra_opt.frontend.capture import CapturedStep, check_example_shapes, example_input_shapes, step_function
+from libra_opt.frontend.capture_passes import apply_graph_passes, apply_joint_passes
 from libra_opt.errors import InfeasibleBudgetError, LibraOptError, RuntimeExecutionError
-from libra_opt.problem import RematProblem
+from libra_opt.ir.problem import RematProblem
 
 from .inductor import InductorCompiler
 from .module import OptimizedModule, _eager_boxed
@@ -151,8 +151,8 @@ def capture_pieces(model: nn.Module, args: tuple = (), kwargs: dict | None = Non
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import default_partition
 
-    from libra_opt.calibrate import preserved_state
-    from libra_opt.capture import _Captured, _capture_into, _check_data_independent, _finish_capture
+    from libra_opt.frontend.calibrate import preserved_state
+    from libra_opt.frontend.capture import _Captured, _capture_into, _check_data_independent, _finish_capture
 
     kwargs = dict(kwargs or {})
     name = type(model).__name__
@@ -243,7 +243,7 @@ def held_bytes(problem: RematProblem, schedule) -> tuple[int, int]:
     ``(after_forward, gradients)``, its simulated memory after its forward
     part (what it keeps for the backward, and its outputs) and the bytes of
     its parameters' gradients, which stay after its backward."""
-    from libra_opt.simulator import Simulator
+    from libra_opt.passes.simulator import Simulator
 
     sim = Simulator(problem)
     sim.run(schedule, stop=forward_split(problem, schedule))
@@ -309,8 +309,8 @@ class SplitPlan:
 
 
 def _no_remat(problem: RematProblem):
-    from libra_opt.schedule import no_remat_schedule
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.ir.schedule import no_remat_schedule
+    from libra_opt.passes.simulator import no_remat_peak
 
     return no_remat_peak(problem), held_bytes(problem, no_remat_schedule(problem))
 
@@ -560,7 +560,7 @@ def optimize_split(model: nn.Module, args: tuple, kwargs: dict | None, budget, s
     BudgetError, CaptureError, InfeasibleBudgetError, LibraOptError
         As :func:`libra_opt.optimize`; ``LibraOptError`` for a bad ``bucket_cap_mb``.
     """
-    from libra_opt.units import parse_budget
+    from libra_opt.ir.units import parse_budget
 
     cap = bucket_bytes(bucket_cap_mb)
     steps = capture_pieces(model, args, kwargs, bucket_bytes_cap=cap, autocast_dtype=autocast_dtype,
@@ -654,7 +654,7 @@ def _record_unit_inputs(model: nn.Module, units: list, args: tuple, kwargs: dict
     """
     from torch.utils._pytree import tree_map
 
-    from libra_opt.calibrate import preserved_state
+    from libra_opt.frontend.calibrate import preserved_state
 
     own = {id(t) for t in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
     trains = any(p.requires_grad for p in model.parameters())
@@ -735,10 +735,10 @@ def optimize_units(model: nn.Module, example_inputs: Any, budget, *, units, solv
     LibraOptError
         ``model`` is already sharded, or a unit is not called exactly once.
     """
-    from libra_opt.calibrate import default_margin
-    from libra_opt.capture import capture
+    from libra_opt.frontend.calibrate import default_margin
+    from libra_opt.frontend.capture import capture
     from libra_opt.optimize import problem_of
-    from libra_opt.units import check_budget, parse_budget
+    from libra_opt.ir.units import check_budget, parse_budget
 
     from .inductor import resolve_executor
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from libra_opt.errors import InfeasibleBudgetError, ScheduleError, SolverError, SolverUnavailableError
-from libra_opt.problem import RematProblem
-from libra_opt.simulator import simulate
-from libra_opt.units import parse_budget
+from libra_opt.ir.problem import RematProblem
+from libra_opt.passes.simulator import simulate
+from libra_opt.ir.units import parse_budget
 
 from .certificates import Bound, best_bound
 from .result import FEASIBLE, INFEASIBLE, RawSolution, SolveResult
@@ -160,7 +160,7 @@ class Solver:
             The solver failed; an internal error (a bug) is wrapped in one
             that names the solver, chained to the original.
         """
-        from libra_opt.simulator import no_remat_peak
+        from libra_opt.passes.simulator import no_remat_peak
 
         self._check_available()
         budget_bytes = parse_budget(budget, no_remat_peak(problem))

@@ -39,10 +39,10 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from libra_opt.errors import InfeasibleBudgetError
-from libra_opt.lowering import Policy, default_windows, evictions_for, lower
-from libra_opt.problem import ACTIVATION, RematProblem
-from libra_opt.schedule import Schedule, no_remat_schedule
-from libra_opt.simulator import SimulationResult, simulate
+from libra_opt.passes.lowering import Policy, default_windows, evictions_for, lower
+from libra_opt.ir.problem import ACTIVATION, RematProblem
+from libra_opt.ir.schedule import Schedule, no_remat_schedule
+from libra_opt.passes.simulator import SimulationResult, simulate
 
 from .base import Solver
 from .certificates import floor_bound

@@ -37,12 +37,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
 if TYPE_CHECKING:  # pragma: no cover
-    from libra_opt.problem import RematProblem
-    from libra_opt.schedule import Schedule
-    from libra_opt.simulator import SimulationResult
+    from libra_opt.ir.problem import RematProblem
+    from libra_opt.ir.schedule import Schedule
+    from libra_opt.passes.simulator import SimulationResult
 
-    from .checkmate_model import CheckmateGraph
-    from .checkmate_plan import CheckmateSetup
+    from .checkmate.model import CheckmateGraph
+    from .checkmate.plan import CheckmateSetup
 
 RECOMPUTE = "recompute"  #: bounds plans without SwapOut / SwapIn / Wait instructions only
 HYBRID = "hybrid"        #: bounds every keep / recompute / swap plan
@@ -138,7 +138,7 @@ class Certificate:
 def plan_class(schedule: "Schedule") -> str:
     """:data:`RECOMPUTE` if the plan has no SwapOut / SwapIn / Wait
     instruction, else :data:`HYBRID`."""
-    from libra_opt.schedule import Op
+    from libra_opt.ir.schedule import Op
 
     return RECOMPUTE if all(i.op in (Op.COMPUTE, Op.FREE) for i in schedule) else HYBRID
 
@@ -205,7 +205,7 @@ def best_bound(problem: "RematProblem", budget_bytes: int, plan: "Schedule", bou
         above the plan's simulated time by more than :data:`REL_TOL`; it is
         left out (listed in ``Certificate.invalid``).
     """
-    from libra_opt.simulator import simulate
+    from libra_opt.passes.simulator import simulate
 
     sim = simulation if simulation is not None else simulate(problem, plan)
     time_s, peak = float(sim.time_s), int(sim.peak_bytes)
@@ -244,7 +244,7 @@ def compute_floor_s(problem: "RematProblem") -> float:
     depends on may be skipped.  Equal to ``problem.total_compute_s`` when
     every node leads to an output.
     """
-    from libra_opt.problem import INPUT
+    from libra_opt.ir.problem import INPUT
 
     need = [False] * problem.num_nodes
     stack = [problem.tensors[o].producer for o in problem.outputs if problem.tensors[o].kind != INPUT]
@@ -295,8 +295,8 @@ def checkmate_covers(graph: "CheckmateGraph", budget_bytes: int) -> Callable[["S
         first computations, or whose image in the model is over the budget
         or costlier.
     """
-    from .checkmate_model import model_peak_bytes
-    from .checkmate_plan import rs_from_s, s_from_schedule
+    from .checkmate.model import model_peak_bytes
+    from .checkmate.plan import rs_from_s, s_from_schedule
 
     def image(schedule: "Schedule"):
         if plan_class(schedule) != RECOMPUTE:
@@ -338,7 +338,7 @@ def model_covers(problem: "RematProblem", budget_bytes: int, image: Callable[["S
         bounds of one solve share it).
     """
     from libra_opt.errors import LibraOptError
-    from libra_opt.simulator import simulate
+    from libra_opt.passes.simulator import simulate
 
     seen: dict[int, tuple] = {}  # id(schedule) -> (schedule, answer)
 

@@ -20,9 +20,9 @@ log = logging.getLogger("libra_opt.solvers")
 #: name -> "module:Class", imported on first use.
 BUILTIN_SOLVERS: dict[str, str] = {
     "libra": "libra_opt.solvers.libra:LibraSolver",
-    "checkmate-milp": "libra_opt.solvers.checkmate_milp:CheckmateMILPSolver",
-    "checkmate-lp": "libra_opt.solvers.checkmate_lp:CheckmateLPSolver",
-    "hybrid-milp": "libra_opt.solvers.hybrid_milp:HybridMILPSolver",
+    "checkmate-milp": "libra_opt.solvers.checkmate.milp:CheckmateMILPSolver",
+    "checkmate-lp": "libra_opt.solvers.checkmate.lp:CheckmateLPSolver",
+    "hybrid-milp": "libra_opt.solvers.checkmate.hybrid_milp:HybridMILPSolver",
     "none": "libra_opt.solvers.baselines:NoRematSolver",
     "checkpoint-all": "libra_opt.solvers.baselines:CheckpointAllSolver",
     "chen-sqrt": "libra_opt.solvers.baselines:ChenSqrtSolver",

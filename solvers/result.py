@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from libra_opt.schedule import Schedule
-    from libra_opt.simulator import SimulationResult
+    from libra_opt.ir.schedule import Schedule
+    from libra_opt.passes.simulator import SimulationResult
 
 #: proven optimal (within the solver's gap) among the plans of the solver's model; for Checkmate's
 #: MILP that is not every plan the simulator accepts (``gap`` / ``bound_kind`` say what is proven)

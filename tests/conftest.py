@@ -60,7 +60,7 @@ def checkmate_graph_file(tmp_path):
 def layered_graph_file(tmp_path):
     """A random layered graph of :mod:`libra_opt.generators` (100 nodes, seed 0) written as
     node-link JSON; returns its path (str)."""
-    from libra_opt.generators import random_layered_graph_dict
+    from libra_opt.frontend.generators import random_layered_graph_dict
 
     path = tmp_path / "random_layered_n100.json"
     path.write_text(json.dumps(random_layered_graph_dict(100, seed=0)))
@@ -83,7 +83,7 @@ def one_intra_op_thread():
 def tiny_problem():
     """Forward a = f(x): 100 B, 1 s; b = g(a): 100 B, 1 s.  Backward gb = h(b): 100 B, 1 s;
     ga = k(gb, a): 10 B, 1 s.  Output ga.  Parameters: 1000 B.  No-remat peak 300 B."""
-    from libra_opt.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder
+    from libra_opt.ir.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder
 
     bld = ProblemBuilder()
     x = bld.input("x", 8)
@@ -98,7 +98,7 @@ def tiny_problem():
 @pytest.fixture
 def tiny_recompute_plan():
     """A plan of ``tiny_problem`` that recomputes a for k: peak 210 B instead of 300 B, +1 s."""
-    from libra_opt.schedule import Compute, Free, Schedule
+    from libra_opt.ir.schedule import Compute, Free, Schedule
 
     return Schedule([Compute(0), Compute(1), Free(1), Compute(2), Free(2), Compute(0), Compute(3), Free(1),
                      Free(3)], {"solver": "hand"})

@@ -16,13 +16,13 @@ import pytest
 
 from libra_opt.atomic import atomic_write, check_writable, write_text
 from libra_opt.cli import main
-from libra_opt.compare import Row, rows_to_csv
+from libra_opt.apps.compare import Row, rows_to_csv
 from libra_opt.errors import OutputPathError, ProblemFileError
-from libra_opt.plots import plot_memory_timeline
-from libra_opt.problem import DeviceProfile, ProblemBuilder
-from libra_opt.problem_io import load_problem, save_problem
-from libra_opt.schedule import Compute, Schedule, no_remat_schedule
-from libra_opt.simulator import simulate
+from libra_opt.apps.plots import plot_memory_timeline
+from libra_opt.ir.problem import DeviceProfile, ProblemBuilder
+from libra_opt.ir.problem_io import load_problem, save_problem
+from libra_opt.ir.schedule import Compute, Schedule, no_remat_schedule
+from libra_opt.passes.simulator import simulate
 
 OLD = b"the old file, which must survive\n"
 
@@ -159,14 +159,14 @@ def test_check_writable_read_only_directory(tmp_path):
                                   ["compare", "{p}", "--csv", "{d}/rows.csv"],
                                   ["compare", "{p}", "--plot", "{d}/c.png"]])
 def test_cli_checks_the_destination_before_working(argv, tmp_path, monkeypatch, capsys, tiny_problem):
-    import libra_opt.importers
+    import libra_opt.frontend.importers
 
     problem = save_problem(tiny_problem, tmp_path / "p.json")
 
     def no_work(*a, **k):
         raise AssertionError("the problem was read before the destination was checked")
 
-    monkeypatch.setattr(libra_opt.importers, "load_problem_any", no_work)
+    monkeypatch.setattr(libra_opt.frontend.importers, "load_problem_any", no_work)
     argv = [a.format(p=problem, d=tmp_path / "missing") for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -200,7 +200,7 @@ def test_memory_lower_bound_reads_the_kind_of_a_views_base():
     """An activation that is a view of an input (e.g. ``x.t()``, an output)
     aliases the input's storage: fixed memory, so the bound is 0, as the
     no-remat peak is."""
-    from libra_opt.bounds import memory_lower_bound, node_memory_lower_bounds
+    from libra_opt.passes.bounds import memory_lower_bound, node_memory_lower_bounds
 
     bld = ProblemBuilder()
     x = bld.input("x", 888)

@@ -7,10 +7,10 @@ after their last use or their eviction point).
 import pytest
 
 from libra_opt.errors import InfeasibleBudgetError, ScheduleError
-from libra_opt.lowering import Policy, default_windows, evictions_for, lower
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.schedule import no_remat_schedule
-from libra_opt.simulator import simulate
+from libra_opt.passes.lowering import Policy, default_windows, evictions_for, lower
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.ir.schedule import no_remat_schedule
+from libra_opt.passes.simulator import simulate
 from libra_opt.solvers import OPTIMAL, get_solver, solve, solver_class
 from libra_opt.solvers.baselines import (ChenGreedySolver, ChenSqrtSolver, CheckpointAllSolver, NoRematSolver,
                                          SwapAllSolver, chen_greedy_checkpoints, chen_sqrt_checkpoints,
@@ -296,7 +296,7 @@ def test_checkpointing_baselines_plan_the_no_remat_peak_on_a_random_layered_grap
     random_layered_n100) every checkpointing baseline plans 1.0x the no-remat
     peak: where its own plan peaks above keeping everything it keeps
     everything (``extras["fallback"]``)."""
-    from libra_opt.generators import random_layered_graph
+    from libra_opt.frontend.generators import random_layered_graph
 
     fell_back = set()
     for seed in range(4):

@@ -162,8 +162,8 @@ def test_max_batch_entries_keep_planned_and_measured_peaks(monkeypatch):
     fields its result has (a fake stands in for the GPU search here)."""
     import dataclasses as dc
 
-    import libra_opt.max_batch as mb
-    from libra_opt.batch_search import SearchResult, Trial
+    import libra_opt.apps.max_batch as mb
+    from libra_opt.apps.batch_search import SearchResult, Trial
 
     @dc.dataclass
     class Result(mb.MaxBatchResult):
@@ -192,7 +192,7 @@ def test_max_batch_entries_keep_planned_and_measured_peaks(monkeypatch):
 
 
 def test_optimality_table_marks_hybrid_n_a_without_hybrid_milp_and_gaps_are_valid(tmp_path, capsys):
-    from libra_opt.generators import random_layered_graph_dict
+    from libra_opt.frontend.generators import random_layered_graph_dict
 
     opt = _load("optimality")
     (tmp_path / "g").mkdir()

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from libra_opt.calibrate import CalibrationError, CalibrationStep, calibrate, measure_step, preserved_state
+from libra_opt.frontend.calibrate import CalibrationError, CalibrationStep, calibrate, measure_step, preserved_state
 from libra_opt.errors import InfeasibleBudgetError
 from libra_opt.runtime.memory import (CudaMemory, FakeCachingAllocator, TrackerMemory, configure_allocator,
                                       cuda_index, memory_for)
@@ -226,7 +226,7 @@ def test_preserved_state_restores_grads_buffers_and_rng():
 # ------------------------------------------------------- a real model (CPU)
 @pytest.fixture(scope="module")
 def tiny(one_intra_op_thread):
-    from libra_opt.zoo import build_model
+    from libra_opt.apps.zoo import build_model
 
     return build_model("gpt2-tiny", 4, 32, seed=0)
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from libra_opt.capture import build_problem, capture, node_phase
+from libra_opt.frontend.capture import build_problem, capture, node_phase
 from libra_opt.errors import CaptureError
-from libra_opt.problem import BACKWARD, FORWARD, INPUT
+from libra_opt.ir.problem import BACKWARD, FORWARD, INPUT
 from libra_opt.runtime.executor import StorageTracker, measure_joint_peak
-from libra_opt.simulator import simulate
-from libra_opt.zoo import build_model
+from libra_opt.passes.simulator import simulate
+from libra_opt.apps.zoo import build_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

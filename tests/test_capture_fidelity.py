@@ -33,14 +33,14 @@ import torch.fx as fx
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from libra_opt.capture import build_problem, capture
-from libra_opt.capture_passes import (apply_graph_passes, dedupe_casts, drop_constant_attention_masks,
-                                      remove_identity_clones, use_cudnn_batch_norm)
+from libra_opt.frontend.capture import build_problem, capture
+from libra_opt.frontend.capture_passes import (apply_graph_passes, dedupe_casts, drop_constant_attention_masks,
+                                               remove_identity_clones, use_cudnn_batch_norm)
 from libra_opt.optimize import optimize
 from libra_opt.runtime.partition import lower_plan, run_lowered
 from libra_opt.runtime.swap import SwapManager
-from libra_opt.schedule import no_remat_schedule
-from libra_opt.zoo import build_model
+from libra_opt.ir.schedule import no_remat_schedule
+from libra_opt.apps.zoo import build_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

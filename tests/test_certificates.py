@@ -8,11 +8,11 @@ import pytest
 
 from test_cli_compare import isolated_registry, layered_chain  # noqa: F401 (a fixture); chain: peak 91 B, 19 s
 
-from libra_opt.compare import UNBOUNDED_NOTE, compare, format_table
-from libra_opt.fuzz import random_budget, random_problem
-from libra_opt.problem import ProblemBuilder
-from libra_opt.schedule import Compute, Free, Schedule, no_remat_schedule
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.apps.compare import UNBOUNDED_NOTE, compare, format_table
+from libra_opt.apps.fuzz import random_budget, random_problem
+from libra_opt.ir.problem import ProblemBuilder
+from libra_opt.ir.schedule import Compute, Free, Schedule, no_remat_schedule
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import RawSolution, Solver, get_solver, register_solver, registry, solve
 from libra_opt.solvers.certificates import (HYBRID, RECOMPUTE, Bound, InvalidBoundWarning, best_bound,
                                             checkmate_covers, compute_floor_s, gap, plan_class)
@@ -110,7 +110,7 @@ def test_checkmate_bound_holds_only_for_plans_its_model_dominates():
 
 
 def _graph(p):
-    from libra_opt.solvers.checkmate_model import CheckmateGraph
+    from libra_opt.solvers.checkmate.model import CheckmateGraph
 
     return CheckmateGraph.from_problem(p, "tensor")
 

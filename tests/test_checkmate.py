@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from libra_opt.errors import InfeasibleBudgetError
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import solve
-from libra_opt.solvers.checkmate_model import CheckmateGraph, CheckmateModel, model_peak_bytes
-from libra_opt.solvers.checkmate_plan import keep_all_s, recompute_forward_s, rs_from_s, schedule_from_rs, solve_r_opt
+from libra_opt.solvers.checkmate.model import CheckmateGraph, CheckmateModel, model_peak_bytes
+from libra_opt.solvers.checkmate.plan import keep_all_s, recompute_forward_s, rs_from_s, schedule_from_rs, solve_r_opt
 
 MiB = 1 << 20
 MILP = dict(time_limit_s=20.0)
@@ -420,8 +420,8 @@ def test_unknown_options_are_rejected():
 def test_min_budget_is_one_backward_ops_working_set(checkmate_graph_file):
     """On a Checkmate-format training graph whose first two layers are large (like VGG16's first
     block), the smallest feasible budget is what one backward op needs resident at once."""
-    from libra_opt.bounds import memory_lower_bound
-    from libra_opt.importers import load_remat_graph
+    from libra_opt.passes.bounds import memory_lower_bound
+    from libra_opt.frontend.importers import load_remat_graph
 
     p = load_remat_graph(checkmate_graph_file)
     peak = no_remat_peak(p)
@@ -445,7 +445,7 @@ def test_min_budget_is_one_backward_ops_working_set(checkmate_graph_file):
 
 
 def test_coarsened_aten_graph():
-    from libra_opt.problem_io import load_problem
+    from libra_opt.ir.problem_io import load_problem
 
     path = os.path.join(HERE, "..", "problems", "gpt2-tiny-b2-s32-cpu.json.gz")
     p = load_problem(path)
@@ -464,8 +464,8 @@ def test_coarsened_aten_graph():
 def test_libra_plan_maps_to_rs_at_no_extra_cost():
     """libra's recompute-only plan read as checkpoints S (s_from_schedule) and completed with the least R
     is a plan of the model that fits the budget and costs no more than libra's own."""
-    from libra_opt.generators import random_layered_graph
-    from libra_opt.solvers.checkmate_plan import CheckmateSetup
+    from libra_opt.frontend.generators import random_layered_graph
+    from libra_opt.solvers.checkmate.plan import CheckmateSetup
 
     p = random_layered_graph(60, seed=1)
     budget = int(0.85 * no_remat_peak(p))
@@ -481,7 +481,7 @@ def test_libra_plan_maps_to_rs_at_no_extra_cost():
 def test_milp_starts_from_libra_and_is_never_worse():
     """A MILP stopped by a tiny time limit still returns a plan no costlier than libra's, and libra's
     plan (as R/S) was its starting solution."""
-    from libra_opt.generators import random_layered_graph
+    from libra_opt.frontend.generators import random_layered_graph
 
     p = random_layered_graph(60, seed=1)
     budget = int(0.85 * no_remat_peak(p))
@@ -496,9 +496,9 @@ def test_milp_starts_from_libra_and_is_never_worse():
 def test_coarsening_never_makes_a_plannable_budget_infeasible():
     """80 random layered nodes coarsened to 20: a coarse stage needs 1.3x the no-remat peak, so the
     coarse model alone calls 0.9 infeasible; the coarsening is refined and both solvers plan it."""
-    from libra_opt.generators import random_layered_graph
-    from libra_opt.solvers.checkmate_plan import CheckmateSetup
-    from libra_opt.solvers.coarsen import coarsen
+    from libra_opt.frontend.generators import random_layered_graph
+    from libra_opt.solvers.checkmate.plan import CheckmateSetup
+    from libra_opt.solvers.checkmate.coarsen import coarsen
 
     p = random_layered_graph(80, seed=0)
     budget = int(0.9 * no_remat_peak(p))
@@ -515,7 +515,7 @@ def test_coarsening_never_makes_a_plannable_budget_infeasible():
 def test_stated_minimum_is_never_above_the_no_remat_peak():
     """Below what any plan reaches, the coarsened MILP's smallest feasible budget is one a plan met and
     never above the no-remat peak (the coarse heuristics alone stated more)."""
-    from libra_opt.generators import random_layered_graph
+    from libra_opt.frontend.generators import random_layered_graph
 
     p = random_layered_graph(80, seed=0)
     peak = no_remat_peak(p)
@@ -530,7 +530,7 @@ def test_stated_minimum_is_never_above_the_no_remat_peak():
 def test_time_limited_solves_return_a_plan_not_an_error():
     """With a 1.5 s limit on 150 random layered nodes (no coarsening), neither Checkmate solver ends in
     SolverError: each returns the best plan it has, libra's at worst, with its status."""
-    from libra_opt.generators import random_layered_graph
+    from libra_opt.frontend.generators import random_layered_graph
 
     p = random_layered_graph(150, seed=0)
     budget = int(0.9 * no_remat_peak(p))

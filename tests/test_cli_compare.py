@@ -1,4 +1,4 @@
-"""The comparison harness (libra_opt.compare) and ``libra-opt compare``."""
+"""The comparison harness (libra_opt.apps.compare) and ``libra-opt compare``."""
 from __future__ import annotations
 
 import argparse
@@ -9,11 +9,11 @@ import pytest
 
 from libra_opt.cli import main
 from libra_opt.cli.common import budget_list_arg
-from libra_opt.compare import ERROR, UNAVAILABLE, compare, format_table, rows_to_csv, time_limit_options
+from libra_opt.apps.compare import ERROR, UNAVAILABLE, compare, format_table, rows_to_csv, time_limit_options
 from libra_opt.errors import SolverNotFoundError
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.problem_io import save_problem
-from libra_opt.schedule import no_remat_schedule
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.ir.problem_io import save_problem
+from libra_opt.ir.schedule import no_remat_schedule
 from libra_opt.solvers import RawSolution, Solver, register_solver
 from libra_opt.solvers import registry
 

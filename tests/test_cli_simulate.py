@@ -8,11 +8,11 @@ import os
 import pytest
 
 from libra_opt.cli import main
-from libra_opt.plots import PlotError, plot_budget_curve, plot_memory_timeline
-from libra_opt.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder
-from libra_opt.problem_io import save_problem
-from libra_opt.schedule import Compute, Free, Schedule, no_remat_schedule
-from libra_opt.simulator import simulate
+from libra_opt.apps.plots import PlotError, plot_budget_curve, plot_memory_timeline
+from libra_opt.ir.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder
+from libra_opt.ir.problem_io import save_problem
+from libra_opt.ir.schedule import Compute, Free, Schedule, no_remat_schedule
+from libra_opt.passes.simulator import simulate
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -8,8 +8,8 @@ import pytest
 
 from libra_opt.cli import main
 from libra_opt.errors import BudgetError, LibraOptError
-from libra_opt.problem_io import save_problem
-from libra_opt.units import budget_from_text, check_budget, parse_budget, parse_bytes
+from libra_opt.ir.problem_io import save_problem
+from libra_opt.ir.units import budget_from_text, check_budget, parse_budget, parse_bytes
 from test_cli_compare import layered_chain  # no-remat peak 91 B; checkpoint-all 31 B; swap-all 41 B
 
 GiB = 2**30
@@ -131,7 +131,7 @@ def test_bad_demo_arguments_are_usage_errors(capsys, args, word):
 
 
 def test_demo_config_rejects_a_zero_batch_before_building():
-    from libra_opt.demo import DemoConfig
+    from libra_opt.apps.demo import DemoConfig
 
     for bad in (dict(batch=0), dict(seq=-1), dict(budget="80"), dict(lr=math.nan)):
         with pytest.raises(LibraOptError):
@@ -177,8 +177,8 @@ def test_solve_and_compare_list_the_solvers_from_the_registry(capsys, monkeypatc
 
 
 def test_progress_bars_are_off_when_stderr_is_not_a_terminal(capsys):
-    from libra_opt.batch_search import _bar
-    from libra_opt.compare import compare
+    from libra_opt.apps.batch_search import _bar
+    from libra_opt.apps.compare import compare
 
     compare(layered_chain(), [0.9], ["none", "chen-sqrt"], progress=True)
     assert capsys.readouterr().err == ""   # capsys's stderr is not a terminal
@@ -190,7 +190,7 @@ def test_progress_bars_are_off_when_stderr_is_not_a_terminal(capsys):
 def test_compare_shows_no_negative_gap(capsys):
     """A swap plan faster than the Checkmate LP's bound (a bound on recompute-only plans) gets no
     gap from it; the table says "bound unknown" with a footnote instead of a negative number."""
-    from libra_opt.compare import UNBOUNDED_NOTE, compare, format_table
+    from libra_opt.apps.compare import UNBOUNDED_NOTE, compare, format_table
 
     p = layered_chain()
     rows = compare(p, [60], ["swap-all", "checkmate-lp"], progress=False)
@@ -205,7 +205,7 @@ def test_compare_shows_no_negative_gap(capsys):
 
 def _no_rounding(monkeypatch):
     """Make every LP rounding miss the budget, so checkmate-lp falls back to a heuristic plan."""
-    from libra_opt.solvers import checkmate_lp
+    from libra_opt.solvers.checkmate import lp as checkmate_lp
 
     real = checkmate_lp.round_lp
 

@@ -1,4 +1,4 @@
-"""Tests of graph coarsening (``libra_opt.solvers.coarsen``): the coarse
+"""Tests of graph coarsening (``libra_opt.solvers.checkmate.coarsen``): the coarse
 problem is valid IR, and every coarse plan expands to a plan on the original
 problem that the simulator accepts, with the same compute time and a peak no
 higher than the coarse plan's."""
@@ -9,12 +9,12 @@ import os
 import numpy as np
 import pytest
 
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.schedule import Compute, Free, Op, Schedule, SwapIn, SwapOut, Wait, no_remat_schedule
-from libra_opt.simulator import no_remat_peak, simulate
-from libra_opt.solvers.checkmate_model import CheckmateGraph
-from libra_opt.solvers.checkmate_plan import keep_all_s, recompute_forward_s, rs_from_s, schedule_from_rs
-from libra_opt.solvers.coarsen import coarsen
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.ir.schedule import Compute, Free, Op, Schedule, SwapIn, SwapOut, Wait, no_remat_schedule
+from libra_opt.passes.simulator import no_remat_peak, simulate
+from libra_opt.solvers.checkmate.model import CheckmateGraph
+from libra_opt.solvers.checkmate.plan import keep_all_s, recompute_forward_s, rs_from_s, schedule_from_rs
+from libra_opt.solvers.checkmate.coarsen import coarsen
 
 KiB = 1 << 10
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -59,7 +59,7 @@ def transformer_like(blocks: int = 12):
 
 
 def gpt2_tiny():
-    from libra_opt.problem_io import load_problem
+    from libra_opt.ir.problem_io import load_problem
 
     path = os.path.join(HERE, "..", "problems", "gpt2-tiny-b2-s32-cpu.json.gz")
     return load_problem(path)

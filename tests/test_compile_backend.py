@@ -23,7 +23,7 @@ from torch import nn
 
 import libra_opt
 from libra_opt.errors import BudgetError, CaptureError, ExecutorError, InfeasibleBudgetError, SolverNotFoundError
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.passes.simulator import no_remat_peak, simulate
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
 

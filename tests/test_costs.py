@@ -1,4 +1,4 @@
-"""Executor cost models (libra_opt.costs): a recomputed pointwise op priced by
+"""Executor cost models (libra_opt.passes.costs): a recomputed pointwise op priced by
 the bytes it moves under the Inductor executor, unchanged under eager."""
 import dataclasses
 import gzip
@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from libra_opt import load_problem, solve
-from libra_opt.costs import bytes_moved, for_executor, is_fusible_op, recompute_times
+from libra_opt.passes.costs import bytes_moved, for_executor, is_fusible_op, recompute_times
 from libra_opt.errors import ProblemError
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.problem_io import problem_from_dict, problem_to_dict, save_problem
-from libra_opt.schedule import Compute, Free, Schedule
-from libra_opt.simulator import simulate
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.ir.problem_io import problem_from_dict, problem_to_dict, save_problem
+from libra_opt.ir.schedule import Compute, Free, Schedule
+from libra_opt.passes.simulator import simulate
 
 PROBLEMS = os.path.join(os.path.dirname(__file__), os.pardir, "problems")
 BW = 1e12  # bytes per second
@@ -134,7 +134,7 @@ def test_libra_plans_and_the_simulator_agree_under_inductor():
 
 
 def test_checkmate_objective_prices_recomputes_by_the_executor():
-    from libra_opt.solvers.checkmate_model import CheckmateGraph
+    from libra_opt.solvers.checkmate.model import CheckmateGraph
 
     p, _ = chain_problem()
     q = for_executor(p, "inductor")
@@ -161,7 +161,7 @@ def test_a_fused_pointwise_chain_costs_about_its_bytes_on_cuda():
     bandwidth) against the chain compiled by Inductor and timed."""
     import statistics
 
-    from libra_opt.profiling import measure_memory_bandwidth
+    from libra_opt.frontend.profiling import measure_memory_bandwidth
 
     bw = measure_memory_bandwidth("cuda")
     x = torch.randn(64 * 2**20, device="cuda")          # 256 MiB

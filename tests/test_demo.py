@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 import torch
 
-from libra_opt.demo import DemoConfig, MemoryBreakdown, memory_breakdown, run_demo
+from libra_opt.apps.demo import DemoConfig, MemoryBreakdown, memory_breakdown, run_demo
 from libra_opt.errors import LibraOptError
-from libra_opt.lowering import default_windows
-from libra_opt.problem import BACKWARD, FORWARD, ProblemBuilder
-from libra_opt.schedule import no_remat_schedule
+from libra_opt.passes.lowering import default_windows
+from libra_opt.ir.problem import BACKWARD, FORWARD, ProblemBuilder
+from libra_opt.ir.schedule import no_remat_schedule
 
 TABLE_FIELDS = ("no-remat peak", "budget", "planned peak", "measured peak", "step-time overhead", "solve time",
                 "loss check")
@@ -92,7 +92,7 @@ def test_memory_breakdown_from_eviction_decisions_by_hand():
 
 
 def test_memory_breakdown_without_meta_reads_the_schedule():
-    from libra_opt.schedule import Compute, Free, Schedule
+    from libra_opt.ir.schedule import Compute, Free, Schedule
 
     p, a, b, c = _toy()
     base = no_remat_schedule(p).instructions
@@ -121,7 +121,7 @@ def test_config_defaults_and_bad_options():
 
 
 def test_cli_demo_prints_the_table_and_fails_on_a_loss_mismatch(report, monkeypatch, capsys):
-    import libra_opt.demo
+    import libra_opt.apps.demo
     from libra_opt.cli import main
 
     seen = {}
@@ -131,7 +131,7 @@ def test_cli_demo_prints_the_table_and_fails_on_a_loss_mismatch(report, monkeypa
         progress("build", "fake")
         return report
 
-    monkeypatch.setattr(libra_opt.demo, "run_demo", fake_run_demo)
+    monkeypatch.setattr(libra_opt.apps.demo, "run_demo", fake_run_demo)
     assert main(["demo", "--model", "gpt2-tiny", "--budget", "40%", "--solver", "libra", "--steps", "2"]) == 0
     out = capsys.readouterr().out
     assert "[1/4] build: fake" in out
@@ -140,7 +140,7 @@ def test_cli_demo_prints_the_table_and_fails_on_a_loss_mismatch(report, monkeypa
     assert seen["cfg"].budget == "40%" and seen["cfg"].model == "gpt2-tiny" and seen["cfg"].steps == 2
 
     bad = dataclasses.replace(report, loss_ok=False, loss_max_rel_diff=0.5)
-    monkeypatch.setattr(libra_opt.demo, "run_demo", lambda cfg, progress=None: bad)
+    monkeypatch.setattr(libra_opt.apps.demo, "run_demo", lambda cfg, progress=None: bad)
     assert main(["demo", "--model", "gpt2-tiny"]) == 1
     assert "does not match eager" in capsys.readouterr().err
 

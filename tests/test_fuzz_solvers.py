@@ -6,9 +6,9 @@ import logging
 
 import pytest
 
-from libra_opt.fuzz import FAST_SOLVERS, INFEASIBLE, PLAN, random_budget, random_problem, check_case
-from libra_opt.lowering import default_windows
-from libra_opt.problem import RematProblem
+from libra_opt.apps.fuzz import FAST_SOLVERS, INFEASIBLE, PLAN, random_budget, random_problem, check_case
+from libra_opt.passes.lowering import default_windows
+from libra_opt.ir.problem import RematProblem
 
 SEEDS = range(400)
 

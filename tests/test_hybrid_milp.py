@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from libra_opt.errors import InfeasibleBudgetError, ScheduleError, SolverError, SolverOptionError
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import solve
-from libra_opt.solvers.checkmate_model import CheckmateGraph
-from libra_opt.solvers.checkmate_plan import s_mask, schedule_from_rs, solve_r_opt
-from libra_opt.solvers.hybrid_model import HybridModel, swappable_values
+from libra_opt.solvers.checkmate.model import CheckmateGraph
+from libra_opt.solvers.checkmate.plan import s_mask, schedule_from_rs, solve_r_opt
+from libra_opt.solvers.checkmate.hybrid_model import HybridModel, swappable_values
 from test_checkmate import diamond, linear_network, unet
 
 REL = 1e-6
@@ -166,7 +166,7 @@ def test_model_memory_never_below_the_simulator():
 def test_time_limit_returns_a_plan_with_its_status():
     """With a 2 s limit on 60 random layered nodes, a plan no slower than libra's, status
     time_limit or feasible (or optimal if proven in time)."""
-    from libra_opt.generators import random_layered_graph
+    from libra_opt.frontend.generators import random_layered_graph
 
     p = with_bandwidth(random_layered_graph(60, seed=1), 1.0)
     budget = int(0.9 * no_remat_peak(p))
@@ -181,7 +181,7 @@ def test_time_limit_without_any_plan_is_a_solver_error():
     """No starting plan (libra's and the warm start left out; no remat and recompute-forward are
     over the budget) and the MILP finds none in 1 s on a 77-node profiled graph: SolverError,
     never a plan."""
-    from libra_opt.problem_io import load_problem
+    from libra_opt.ir.problem_io import load_problem
     from _interrupt import PROBLEM
 
     p = load_problem(PROBLEM).with_device(copies_overlap_compute=True)
@@ -214,7 +214,7 @@ def test_ctrl_c_stops_the_milp_without_a_plan(tmp_path):
 
     plan = tmp_path / "plan.json"
     driver = """
-        from libra_opt.problem_io import load_problem
+        from libra_opt.ir.problem_io import load_problem
         from libra_opt.solvers import solve
 
         p = load_problem(sys.argv[1]).with_device(copies_overlap_compute=True)
@@ -251,7 +251,7 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
 
 def profiled_problem():
     """The 77-node profiled ResNet (views, multi-output ops) from ``problems/``."""
-    from libra_opt.problem_io import load_problem
+    from libra_opt.ir.problem_io import load_problem
     from _interrupt import PROBLEM
 
     return load_problem(PROBLEM)
@@ -262,7 +262,7 @@ def profiled_problem():
 def test_starting_plans_are_solutions_of_the_model(make, copy_steps, frac):
     """libra's hybrid plan (mapped onto the model) and the swap-on-demand plan satisfy every row
     of the model where they fit its budget, and their lowered plans simulate within it."""
-    from libra_opt.solvers.hybrid_model import hybrid_from_schedule, swap_on_demand
+    from libra_opt.solvers.checkmate.hybrid_model import hybrid_from_schedule, swap_on_demand
 
     p = with_bandwidth(make(), copy_steps)
     g = CheckmateGraph.from_problem(p)

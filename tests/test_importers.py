@@ -10,13 +10,13 @@ import os
 import pytest
 
 from conftest import MIRRORED_SIZES_MIB, mirrored_checkmate_graph
-from libra_opt.bounds import memory_lower_bound
+from libra_opt.passes.bounds import memory_lower_bound
 from libra_opt.errors import ProblemError, ProblemFileError
-from libra_opt.generators import random_layered_graph, random_layered_graph_dict
-from libra_opt.importers import load_problem_any, load_remat_graph
-from libra_opt.problem import BACKWARD, FORWARD
-from libra_opt.problem_io import load_problem, save_problem
-from libra_opt.simulator import simulate
+from libra_opt.frontend.generators import random_layered_graph, random_layered_graph_dict
+from libra_opt.frontend.importers import load_problem_any, load_remat_graph
+from libra_opt.ir.problem import BACKWARD, FORWARD
+from libra_opt.ir.problem_io import load_problem, save_problem
+from libra_opt.passes.simulator import simulate
 
 #: name -> node-link object; the edge count of each is its number of links
 GRAPHS = {
@@ -177,7 +177,7 @@ def test_hand_made_checkmate_graph(tmp_path):
 def test_non_topological_ids_fall_back_to_a_topological_sort(tmp_path, caplog):
     # edge 1 -> 0 makes the node ids a non-topological order
     d = checkmate_graph([(0, "late", False, 1, 8), (1, "early", False, 1, 16)], [(1, 0)])
-    with caplog.at_level(logging.WARNING, logger="libra_opt.importers"):
+    with caplog.at_level(logging.WARNING, logger="libra_opt.frontend.importers"):
         p = load_remat_graph(write(tmp_path, d))
     assert [n.name for n in p.nodes] == ["early", "late"]
     assert "not a topological order" in caplog.text
@@ -188,7 +188,7 @@ def test_random_layered_order_that_is_not_topological_is_replaced(tmp_path, capl
          "nodes": [dict(name=0, duration=1, out_cost=5, param_cost=2), dict(name=1, duration=2, out_cost=6,
                                                                              param_cost=3)],
          "links": [{"0": 0, "1": 1}]}
-    with caplog.at_level(logging.WARNING, logger="libra_opt.importers"):
+    with caplog.at_level(logging.WARNING, logger="libra_opt.frontend.importers"):
         p = load_remat_graph(write(tmp_path, d))
     assert [n.name for n in p.nodes] == ["n0", "n1"] and "'order'" in caplog.text
     assert p.fixed.parameters_bytes == 5 and p.outputs == (1,)

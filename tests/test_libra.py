@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from libra_opt.errors import InfeasibleBudgetError, SolverError
-from libra_opt.generators import random_layered_graph
-from libra_opt.lowering import Eviction, Policy, default_windows, lower
-from libra_opt.problem import BACKWARD, DeviceProfile, ProblemBuilder
-from libra_opt.schedule import Op, Schedule
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.frontend.generators import random_layered_graph
+from libra_opt.passes.lowering import Eviction, Policy, default_windows, lower
+from libra_opt.ir.problem import BACKWARD, DeviceProfile, ProblemBuilder
+from libra_opt.ir.schedule import Op, Schedule
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import get_solver, solve
-from libra_opt.solvers.libra_estimate import REC, SWAP, Timeline
-from libra_opt.solvers.libra_explain import format_decisions
+from libra_opt.solvers.libra.estimate import REC, SWAP, Timeline
+from libra_opt.solvers.libra.explain import format_decisions
 
 REASONS = {"cheapest", "only-policy", "chain-new-peak", "not-recomputable", "repair", "swap-no-gain", "switch"}
 
@@ -301,7 +301,7 @@ def test_estimate_matches_the_simulator_with_retentions(seed):
     """Retentions (a tensor kept past its last use for a later chain) keep the incremental model
     exact: peak and added time equal the simulator's on the lowered plan, and undoing them
     restores the timeline."""
-    from libra_opt.lowering import all_windows
+    from libra_opt.passes.lowering import all_windows
 
     rng = random.Random(seed)
     p = layered(seed)
@@ -346,7 +346,7 @@ def test_retention_lowers_single_phase_cost():
 def test_estimate_matches_the_simulator_with_early_regeneration(seed):
     """Windows ending early (the chain runs before a node that does not read the storage, which
     then stays resident until its use) keep the incremental model exact."""
-    from libra_opt.lowering import all_windows
+    from libra_opt.passes.lowering import all_windows
 
     rng = random.Random(seed)
     p = layered(seed) if seed % 2 else fwd_bwd(seed, 10, views=True, bandwidth=1000.0)
@@ -429,7 +429,7 @@ def test_remat_graph_single_phase():
 
 def test_cli_solve_and_sweep(tmp_path, capsys):
     from libra_opt.cli import main
-    from libra_opt.problem_io import save_problem
+    from libra_opt.ir.problem_io import save_problem
 
     p = fwd_bwd(4, 8, bandwidth=16.0)
     f = tmp_path / "p.json"

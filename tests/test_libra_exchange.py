@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from libra_opt import generators as G
+from libra_opt.frontend import generators as G
 from libra_opt.errors import ProblemError
-from libra_opt.importers import load_problem_any
-from libra_opt.simulator import simulate
+from libra_opt.frontend.importers import load_problem_any
+from libra_opt.passes.simulator import simulate
 from libra_opt.solvers import solve
 
 pytest.importorskip("ortools")
@@ -185,7 +185,7 @@ def test_hybrid_never_above_recompute_only(kind, n, seed, copy_steps):
     """A recompute-only plan is a hybrid plan: hybrid libra is never costlier than recompute-only
     libra at a budget that one meets (hybrid's portfolio holds recompute-only mode's descents and
     baselines), with copies taking ``copy_steps`` no-remat steps to move the no-remat peak."""
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
 
     p = getattr(G, kind)(n, seed=seed)
     bw = no_remat_peak(p) / (copy_steps * p.total_compute_s)

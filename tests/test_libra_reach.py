@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from libra_opt import load_problem
-from libra_opt.bounds import memory_lower_bound
+from libra_opt.passes.bounds import memory_lower_bound
 from libra_opt.errors import InfeasibleBudgetError
-from libra_opt.generators import random_layered_graph
-from libra_opt.schedule import no_remat_schedule
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.frontend.generators import random_layered_graph
+from libra_opt.ir.schedule import no_remat_schedule
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import get_solver
 
 H100 = Path(__file__).resolve().parents[1] / "problems"
@@ -136,7 +136,7 @@ def test_cli_explain_names_a_baseline_plan(tmp_path, capsys):
     plan at 0.6 of the peak; without one, a swap-only descent that waits for its copies out is
     cheaper)."""
     from libra_opt.cli import main
-    from libra_opt.problem_io import save_problem
+    from libra_opt.ir.problem_io import save_problem
 
     p = slow_layered(200, 2)
     r = get_solver("libra", time_limit_s=1e-6).solve(p, 0.6)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from libra_opt.fuzz import random_problem
-from libra_opt.simulator import simulate
+from libra_opt.apps.fuzz import random_problem
+from libra_opt.passes.simulator import simulate
 from libra_opt.solvers import solve
 
 pytest.importorskip("ortools")

@@ -1,4 +1,4 @@
-"""Lowering of keep / recompute / swap decisions to schedules (libra_opt.lowering).
+"""Lowering of keep / recompute / swap decisions to schedules (libra_opt.passes.lowering).
 
 Every expected peak, recompute time and copy volume below is derived by hand
 in the comments from the simulator's rules: an op's outputs are allocated when
@@ -9,10 +9,10 @@ swap-in allocates when issued.
 import pytest
 
 from libra_opt.errors import ScheduleError
-from libra_opt.lowering import Eviction, Policy, all_windows, default_windows, evictions_for, lower, storage_uses
-from libra_opt.problem import BACKWARD, DeviceProfile, ProblemBuilder
-from libra_opt.schedule import Op, no_remat_schedule
-from libra_opt.simulator import simulate
+from libra_opt.passes.lowering import Eviction, Policy, all_windows, default_windows, evictions_for, lower, storage_uses
+from libra_opt.ir.problem import BACKWARD, DeviceProfile, ProblemBuilder
+from libra_opt.ir.schedule import Op, no_remat_schedule
+from libra_opt.passes.simulator import simulate
 
 R, S = Policy.RECOMPUTE, Policy.SWAP
 
@@ -366,7 +366,7 @@ def single_phase():
 
 
 def test_retain_keeps_a_tensor_past_its_last_use():
-    from libra_opt.lowering import Retain
+    from libra_opt.passes.lowering import Retain
 
     p, t = single_phase()
     # c's last use is node 3; retained through 4 for the chains before node 4, which does not
@@ -385,7 +385,7 @@ def test_retain_keeps_a_tensor_past_its_last_use():
 def test_retain_keeps_an_input_for_a_later_recomputation():
     """The single-phase case Checkmate's S covers: fo needs m again, m is evicted, and
     regenerating m needs a, which was freed after its last use (fm)."""
-    from libra_opt.lowering import Retain
+    from libra_opt.passes.lowering import Retain
 
     b = ProblemBuilder()
     x = b.input("x", 4)
@@ -409,7 +409,7 @@ def test_retain_keeps_an_input_for_a_later_recomputation():
 
 
 def test_bad_retentions_say_what_to_change():
-    from libra_opt.lowering import Retain
+    from libra_opt.passes.lowering import Retain
 
     p, t = single_phase()
     with pytest.raises(ScheduleError, match="last use"):

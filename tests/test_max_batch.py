@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from libra_opt.errors import InfeasibleBudgetError, LibraOptError
-from libra_opt.batch_search import Trial, oom_safe, search_max_batch
-from libra_opt.max_batch import max_batch, predict_max_batch, scale_problem
-from libra_opt.train_methods import fixed_memory_bytes, make_train_step, solver_budget
+from libra_opt.apps.batch_search import Trial, oom_safe, search_max_batch
+from libra_opt.apps.max_batch import max_batch, predict_max_batch, scale_problem
+from libra_opt.apps.train_methods import fixed_memory_bytes, make_train_step, solver_budget
 
 
 # ------------------------------------------------------------------ search
@@ -151,7 +151,7 @@ def test_fixed_memory_and_solver_budget():
 def test_reference_methods_train_like_eager(method):
     """Per-block checkpointing and save-on-cpu change where activations live,
     not the maths: the same losses as eager over two AdamW steps."""
-    from libra_opt.zoo import build_model
+    from libra_opt.apps.zoo import build_model
 
     ref = make_train_step("none", build_model("gpt2-tiny", 2, 16))
     other = make_train_step(method, build_model("gpt2-tiny", 2, 16))
@@ -161,8 +161,8 @@ def test_reference_methods_train_like_eager(method):
 
 
 def test_checkpoint_wraps_the_repeated_blocks():
-    from libra_opt.train_methods import _block_modules
-    from libra_opt.zoo import build_model
+    from libra_opt.apps.train_methods import _block_modules
+    from libra_opt.apps.zoo import build_model
 
     assert len(_block_modules(build_model("gpt2-tiny", 1, 8).model)) == 2
     assert len(_block_modules(build_model("resnet-tiny", 1, 32).model)) == 2  # basic blocks 1-1
@@ -171,14 +171,14 @@ def test_checkpoint_wraps_the_repeated_blocks():
 # ---------------------------------------------------------- --simulate
 @pytest.fixture(scope="module")
 def tiny_profiles():
-    from libra_opt.profiling import profile
+    from libra_opt.frontend.profiling import profile
 
     return tuple(profile("gpt2-tiny", batch=b, seq=32, device="cpu", warmup=0, repeats=1, progress=False)
                  for b in (2, 4))
 
 
 def test_scale_problem_is_linear_in_the_batch(tiny_profiles):
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
 
     p2, p4 = tiny_profiles
     assert [t.nbytes for t in scale_problem(p2, 2, p4, 4, 4).tensors] == [t.nbytes for t in p4.tensors]
@@ -191,7 +191,7 @@ def test_scale_problem_is_linear_in_the_batch(tiny_profiles):
 
 
 def test_simulate_predicts_libra_batch_at_least_eager(tiny_profiles):
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
 
     p2, p4 = tiny_profiles
     # a cap where eager fits a batch of about 8: fixed memory + 8/4 of batch 4's peak, plus the reserve
@@ -233,7 +233,7 @@ def test_oom_wrapped_by_another_exception_still_counts_as_no_fit():
 # ------------------------------------------- memory as measured (issue 11)
 def test_memory_cap_resolves_the_device_index(monkeypatch):
     """``set_per_process_memory_fraction`` needs an index: ``"cuda"`` is the current device."""
-    from libra_opt.max_batch import memory_cap
+    from libra_opt.apps.max_batch import memory_cap
 
     calls = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -261,7 +261,7 @@ def test_memory_cap_resolves_the_device_index(monkeypatch):
 
 
 def test_adamw_state_created_up_front_is_the_state_its_first_step_creates():
-    from libra_opt.train_methods import init_optimizer_state
+    from libra_opt.apps.train_methods import init_optimizer_state
 
     torch.manual_seed(0)
     a = torch.nn.Linear(8, 8)
@@ -291,7 +291,7 @@ def test_adamw_state_created_up_front_is_the_state_its_first_step_creates():
 def test_optimizer_state_created_up_front_trains_like_lazy_state_with_l2_decay(make):
     """An L2 weight decay adds ``decay * p`` to the zero gradient of the
     up-front step: the state must still be the lazy first step's."""
-    from libra_opt.train_methods import init_optimizer_state
+    from libra_opt.apps.train_methods import init_optimizer_state
 
     torch.manual_seed(0)
     a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
@@ -309,7 +309,7 @@ def test_optimizer_state_created_up_front_trains_like_lazy_state_with_l2_decay(m
 
 def test_resident_memory_is_measured_with_the_optimizer_state_and_the_allocator_overhead():
     from libra_opt.runtime.memory import FakeCachingAllocator
-    from libra_opt.train_methods import measure_resident
+    from libra_opt.apps.train_methods import measure_resident
 
     fake = FakeCachingAllocator.scaled(1024)
     with fake.tracking():
@@ -332,9 +332,9 @@ def test_max_batch_plans_each_batch_from_small_profiles(tiny_profiles):
     """A probe's problem: the step captured at its batch (exact bytes) with op times extrapolated from the
     profiles at 2 and 4 (the unplanned step never runs there); the memory floor is checked first and names
     its op."""
-    from libra_opt.capture import build_problem, capture
-    from libra_opt.max_batch import _scaled_builder, memory_floor
-    from libra_opt.zoo import build_model
+    from libra_opt.frontend.capture import build_problem, capture
+    from libra_opt.apps.max_batch import _scaled_builder, memory_floor
+    from libra_opt.apps.zoo import build_model
 
     p2, p4 = tiny_profiles
     zm = build_model("gpt2-tiny", 8, 32)
@@ -350,7 +350,7 @@ def test_max_batch_plans_each_batch_from_small_profiles(tiny_profiles):
 
 
 def test_prediction_says_what_limits_the_batch(tiny_profiles):
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
 
     p2, p4 = tiny_profiles
     cap = int((p4.fixed.resident_bytes + 2 * no_remat_peak(p4)) / 0.95)
@@ -366,7 +366,7 @@ def test_prediction_says_what_limits_the_batch(tiny_profiles):
 
 
 def memory_floor_at(profiles, batch):
-    from libra_opt.max_batch import memory_floor
+    from libra_opt.apps.max_batch import memory_floor
 
     return memory_floor(scale_problem(profiles[0], 2, profiles[1], 4, batch))
 
@@ -386,7 +386,7 @@ def test_search_under_a_fake_cap_end_to_end(monkeypatch, one_intra_op_thread):
     planned from the captured step, calibrated (two measured steps), trained under the cap; nothing of a
     probe stays allocated; eager's search ends at an out-of-memory error that the result names."""
     import libra_opt.runtime.memory as mem
-    from libra_opt.max_batch import search_under_cap
+    from libra_opt.apps.max_batch import search_under_cap
     from libra_opt.runtime.memory import FakeCachingAllocator
 
     spec = f"{__name__}:mlp_zoo"
@@ -413,8 +413,8 @@ def test_search_under_a_fake_cap_end_to_end(monkeypatch, one_intra_op_thread):
 def test_cli_max_batch_passes_calibration_and_profile_batches_through(monkeypatch, capsys):
     """On a GPU the CLI calls max_batch with the closed loop on (--no-calibrate turns it off), the
     reserve left to max_batch's default, and the profiling batches; it prints the summary."""
-    import libra_opt.max_batch as mb
-    from libra_opt.batch_search import SearchResult
+    import libra_opt.apps.max_batch as mb
+    from libra_opt.apps.batch_search import SearchResult
     from libra_opt.cli import main
 
     calls = []

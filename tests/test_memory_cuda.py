@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from libra_opt.optimize import optimize
-from libra_opt.zoo import build_model
+from libra_opt.apps.zoo import build_model
 
 pytestmark = pytest.mark.cuda
 
@@ -21,7 +21,7 @@ MiB = 1 << 20
 def _reserved_peak_of_step(om, zm) -> tuple[int, int]:
     """(peak reserved, peak allocated) of one step above what is allocated before it, measured by the
     closed loop's own :func:`~libra_opt.calibrate.measure_step` on :class:`CudaMemory`."""
-    from libra_opt.calibrate import measure_step
+    from libra_opt.frontend.calibrate import measure_step
     from libra_opt.runtime.memory import CudaMemory
 
     for p in zm.model.parameters():
@@ -84,7 +84,7 @@ def test_expandable_segments_are_on_unless_the_user_configured_the_allocator():
 
 
 def test_memory_cap_on_the_current_device_caps_reserved_memory():
-    from libra_opt.max_batch import memory_cap
+    from libra_opt.apps.max_batch import memory_cap
 
     with memory_cap(torch.cuda.memory_reserved() + 256 * MiB, "cuda"):
         x = torch.empty(128 * MiB, dtype=torch.uint8, device="cuda")
@@ -94,7 +94,7 @@ def test_memory_cap_on_the_current_device_caps_reserved_memory():
 
 
 def test_max_batch_on_the_gpu_beats_eager_within_the_cap():
-    from libra_opt.max_batch import max_batch
+    from libra_opt.apps.max_batch import max_batch
 
     cap = 1 << 30
     eager = max_batch("gpt2-tiny", cap, "none", seq=512, limit=2048, progress=False)

@@ -40,7 +40,7 @@ def test_ctrl_c_kills_pulps_cbc_and_removes_its_files(tmp_path):
     plan = tmp_path / "plan.json"
     driver = """
         import sys
-        from libra_opt.problem_io import load_problem
+        from libra_opt.ir.problem_io import load_problem
         from libra_opt.solvers import solve
 
         r = solve(load_problem(sys.argv[1]), sys.argv[2], "checkmate-milp", backend="pulp", time_limit_s=60)

@@ -51,7 +51,7 @@ def test_the_wheel_holds_every_module_of_the_source_tree(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     in_wheel = {n for n in names if n.endswith(".py")}
     assert in_wheel == source_modules()
-    assert "libra_opt/cli/__init__.py" in in_wheel and "libra_opt/generators.py" in in_wheel
+    assert "libra_opt/cli/__init__.py" in in_wheel and "libra_opt/frontend/generators.py" in in_wheel
 
 
 def test_the_wheel_declares_the_script_and_one_scheme_of_extras(wheel):
@@ -105,7 +105,7 @@ def test_help_imports_neither_torch_nor_numpy():
 def test_profile_help_names_every_zoo_model(capsys):
     from libra_opt.cli import main
     from libra_opt.cli.profile import ZOO_NAMES
-    from libra_opt.zoo import known_models
+    from libra_opt.apps.zoo import known_models
 
     assert main(["profile", "--help"]) == 0
     out = "".join(capsys.readouterr().out.split())  # argparse wraps lines
@@ -114,8 +114,8 @@ def test_profile_help_names_every_zoo_model(capsys):
 
 
 @pytest.mark.parametrize("module, extra, call", [
-    ("transformers", "zoo", lambda: __import__("libra_opt.zoo", fromlist=["x"]).build_model("gpt2-tiny", 1)),
-    ("matplotlib", "plot", lambda: __import__("libra_opt.plots", fromlist=["x"])._figure((2, 2))),
+    ("transformers", "zoo", lambda: __import__("libra_opt.apps.zoo", fromlist=["x"]).build_model("gpt2-tiny", 1)),
+    ("matplotlib", "plot", lambda: __import__("libra_opt.apps.plots", fromlist=["x"])._figure((2, 2))),
 ])
 def test_a_missing_extra_names_the_pip_install(monkeypatch, module, extra, call):
     from libra_opt.errors import MissingExtraError

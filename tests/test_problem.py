@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from libra_opt.errors import ProblemError
-from libra_opt.problem import (ACTIVATION, BACKWARD, FORWARD, INPUT, DeviceProfile, FixedMemory, Node,
-                               ProblemBuilder, RematProblem, Tensor)
+from libra_opt.ir.problem import (ACTIVATION, BACKWARD, FORWARD, INPUT, DeviceProfile, FixedMemory, Node,
+                                  ProblemBuilder, RematProblem, Tensor)
 
 
 def small():
@@ -185,7 +185,7 @@ def test_replace_revalidates():
 
 
 def test_builder_view_of_a_graph_input_builds_a_valid_problem():
-    from libra_opt.simulator import simulate
+    from libra_opt.passes.simulator import simulate
 
     bld = ProblemBuilder()
     w = bld.input("w", 64)

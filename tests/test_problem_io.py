@@ -9,9 +9,9 @@ import json
 import pytest
 
 from libra_opt.errors import ProblemError, ProblemFileError
-from libra_opt.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder, Provenance
-from libra_opt.problem_io import (PROBLEM_SCHEMA, PROBLEM_VERSION, load_problem, problem_from_dict,
-                                  problem_to_dict, save_problem)
+from libra_opt.ir.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder, Provenance
+from libra_opt.ir.problem_io import (PROBLEM_SCHEMA, PROBLEM_VERSION, load_problem, problem_from_dict,
+                                     problem_to_dict, save_problem)
 
 
 def rich_problem():
@@ -223,7 +223,7 @@ def test_every_ir_field_is_written():
     """Guard against drift: a field added to the IR dataclasses must reach the file."""
     import dataclasses
 
-    from libra_opt.problem import Node, Tensor
+    from libra_opt.ir.problem import Node, Tensor
 
     d = problem_to_dict(rich_problem())
     assert set(d["nodes"][0]) == {f.name for f in dataclasses.fields(Node)}

@@ -1,4 +1,4 @@
-"""``libra_opt.profiling.problem_of``: the one model-to-problem pipeline
+"""``libra_opt.frontend.profiling.problem_of``: the one model-to-problem pipeline
 (capture, profile, device profile, build) that ``optimize``, ``profile``, the
 demo and the headline benchmark share; and the core not importing the zoo."""
 import ast
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import libra_opt.optimize as opt
-from libra_opt.capture import capture
-from libra_opt.profiling import UNIT_TIME_S, ProfilingError, problem_of
-from libra_opt.simulator import simulate
+from libra_opt.frontend.capture import capture
+from libra_opt.frontend.profiling import UNIT_TIME_S, ProfilingError, problem_of
+from libra_opt.passes.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,4 +73,4 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_profiling_does_not_import_the_zoo():
-    assert not any("zoo" in m for m in _imported_modules(ROOT / "libra_opt" / "profiling.py"))
+    assert not any("zoo" in m for m in _imported_modules(ROOT / "libra_opt" / "frontend" / "profiling.py"))

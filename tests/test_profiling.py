@@ -8,12 +8,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
-from libra_opt.capture import build_problem, capture
-from libra_opt.problem import BACKWARD, FORWARD, RematProblem
-from libra_opt.profiling import (ProfilingError, device_profile, measure_bandwidth, measure_memory_bandwidth, profile,
-                                 profile_agreement, profile_step)
-from libra_opt.simulator import no_remat_peak, simulate
-from libra_opt.zoo import build_model
+from libra_opt.frontend.capture import build_problem, capture
+from libra_opt.ir.problem import BACKWARD, FORWARD, RematProblem
+from libra_opt.frontend.profiling import (ProfilingError, device_profile, measure_bandwidth, measure_memory_bandwidth, profile,
+                                          profile_agreement, profile_step)
+from libra_opt.passes.simulator import no_remat_peak, simulate
+from libra_opt.apps.zoo import build_model
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_profile_records_device_and_provenance(tiny_problem):
 
 
 def test_new_output_bytes_counts_new_storages_rounded_to_blocks():
-    from libra_opt.profiling import _new_output_bytes, _storage_keys
+    from libra_opt.frontend.profiling import _new_output_bytes, _storage_keys
 
     cpu = torch.device("cpu")
     x = torch.zeros(300)                                   # 1200 bytes, an input
@@ -169,7 +169,7 @@ def test_profile_plain_module_and_bad_input():
 
 def test_cli_profile_then_simulate(tmp_path, capsys):
     from libra_opt.cli import main
-    from libra_opt.problem_io import load_problem
+    from libra_opt.ir.problem_io import load_problem
 
     out = tmp_path / "gpt2-tiny.json.gz"
     rc = main(["profile", "--model", "gpt2-tiny", "--batch", "2", "--seq", "16", "--warmup", "0",

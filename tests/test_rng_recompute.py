@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from libra_opt.capture import build_problem, capture
-from libra_opt.lowering import Eviction, Policy, default_windows, lower
+from libra_opt.frontend.capture import build_problem, capture
+from libra_opt.passes.lowering import Eviction, Policy, default_windows, lower
 from libra_opt.optimize import optimize
 from libra_opt.runtime.partition import lower_plan, run_lowered
 from libra_opt.runtime.swap import SwapManager
-from libra_opt.simulator import simulate
-from libra_opt.zoo import build_model
+from libra_opt.passes.simulator import simulate
+from libra_opt.apps.zoo import build_model
 from test_capture import captured  # shares the session's captures (tests/ is on sys.path)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")

@@ -12,15 +12,15 @@ import torch
 
 from libra_opt.errors import InfeasibleBudgetError, RuntimeExecutionError, SolverUnavailableError
 from libra_opt.optimize import optimize, problem_of
-from libra_opt.problem import INPUT
+from libra_opt.ir.problem import INPUT
 from libra_opt.runtime.executor import measure_step_peak
 from libra_opt.runtime.partition import lower_plan, run_lowered
 from libra_opt.runtime.swap import HostBufferPool, SwapManager
-from libra_opt.schedule import Compute, Free, Op, Schedule, SwapIn, SwapOut, Wait, no_remat_schedule
-from libra_opt.simulator import no_remat_peak, resident_at, simulate
+from libra_opt.ir.schedule import Compute, Free, Op, Schedule, SwapIn, SwapOut, Wait, no_remat_schedule
+from libra_opt.passes.simulator import no_remat_peak, resident_at, simulate
 from libra_opt.solvers import solve
 from libra_opt.solvers.registry import BUILTIN_SOLVERS
-from libra_opt.zoo import build_model
+from libra_opt.apps.zoo import build_model
 from test_capture import captured  # shares the session's captures (tests/ is on sys.path)
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread")
@@ -150,7 +150,7 @@ def test_early_regeneration_and_retention_execute_like_eager(case):
     early (before a node that does not read it, then kept to its use) and a tensor retained past
     its last use to the end of the step.  Gradients stay bitwise eager's and the measured peak is
     the simulated one."""
-    from libra_opt.lowering import Eviction, Policy, Retain, default_windows, lower
+    from libra_opt.passes.lowering import Eviction, Policy, Retain, default_windows, lower
 
     p = case.problem
     wins = default_windows(p)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from libra_opt.optimize import optimize
-from libra_opt.zoo import build_model
+from libra_opt.apps.zoo import build_model
 
 pytestmark = pytest.mark.cuda
 

@@ -20,7 +20,7 @@ from libra_opt.errors import ExecutorError
 from libra_opt.optimize import optimize
 from libra_opt.runtime import offload_ops
 from libra_opt.runtime.inductor import step_peak_bytes
-from libra_opt.zoo import build_model
+from libra_opt.apps.zoo import build_model
 
 pytestmark = pytest.mark.usefixtures("one_intra_op_thread", "fast_inductor")
 
@@ -305,10 +305,10 @@ def test_swapped_rng_state_replays_under_inductor(device):
     """A plan that swaps the saved generator state out after the forward
     random op and back in before its recompute (on CUDA the state comes back
     onto the device, and the replay reads it from there)."""
-    from libra_opt.capture import build_problem, capture
+    from libra_opt.frontend.capture import build_problem, capture
     from libra_opt.runtime.module import OptimizedModule
-    from libra_opt.schedule import Free, Op, SwapIn, SwapOut, Wait
-    from libra_opt.simulator import simulate
+    from libra_opt.ir.schedule import Free, Op, SwapIn, SwapOut, Wait
+    from libra_opt.passes.simulator import simulate
     from libra_opt.solvers.result import SolveResult
     from test_rng_recompute import _recompute_in_backward
 
@@ -342,7 +342,7 @@ def test_with_rng_replay_fuses_save_and_draw_and_replays():
     restored); a state read before its random op is refused."""
     import torch.fx as fx
 
-    from libra_opt.capture_passes import RNG_STATE, RNG_STATE_META, replay_random
+    from libra_opt.frontend.capture_passes import RNG_STATE, RNG_STATE_META, replay_random
     from libra_opt.runtime.inductor import with_rng_replay
 
     def graph(read_early):

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import libra_opt.profiling
+import libra_opt.frontend.profiling
 from libra_opt.errors import InfeasibleBudgetError, ShapeMismatchError
 from libra_opt.optimize import optimize
 from libra_opt.plan_cache import _io_bytes, pad_to_bucket, scale_to_step
@@ -84,8 +84,8 @@ def test_short_last_batch_trains_like_eager_under_a_plan_of_its_own(caplog):
     om = optimize(model, data[:256], 0.6, solver="libra", loss_fn=square_loss, profile=False, executor="eager")
     opt, ref_opt = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
     calls = []
-    orig = libra_opt.profiling.profile_step
-    libra_opt.profiling.profile_step = lambda *a, **k: calls.append(a) or orig(*a, **k)
+    orig = libra_opt.frontend.profiling.profile_step
+    libra_opt.frontend.profiling.profile_step = lambda *a, **k: calls.append(a) or orig(*a, **k)
     try:
         with caplog.at_level(logging.INFO, logger="libra_opt.plan_cache"):
             for _ in range(2):
@@ -96,7 +96,7 @@ def test_short_last_batch_trains_like_eager_under_a_plan_of_its_own(caplog):
                     assert all(torch.equal(a, b) for a, b in zip(grads(model), grads(ref)))
                     opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
     finally:
-        libra_opt.profiling.profile_step = orig
+        libra_opt.frontend.profiling.profile_step = orig
     assert not calls                                         # the new shape was not profiled
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), ref.parameters()))
     (sp,) = om.shape_plans.values()                           # one plan for batch 200, made once
@@ -110,7 +110,7 @@ def test_scaled_problem_prices_ops_by_their_bytes():
     """Same graph at 3/4 of the batch: every op's time is 3/4 of a profiled
     time scaled by the bytes it reads and writes (between the two: weights
     do not scale), storages' bytes are exact."""
-    from libra_opt.capture import build_problem, capture
+    from libra_opt.frontend.capture import build_problem, capture
 
     model = mlp()
     s256, s192 = capture(model, (torch.randn(256, 16),), loss_fn=square_loss), \
@@ -213,7 +213,7 @@ def test_restart_reuses_saved_profile_and_plan(tmp_path, monkeypatch):
     gets the same plan, also for a shape planned after the first.  A corrupt or stale entry warns (naming the field)
     and is made again."""
     calls = {"profile": 0, "solve": 0}
-    orig_profile = libra_opt.profiling.profile_step
+    orig_profile = libra_opt.frontend.profiling.profile_step
 
     def spy_profile(*a, **k):
         calls["profile"] += 1
@@ -226,7 +226,7 @@ def test_restart_reuses_saved_profile_and_plan(tmp_path, monkeypatch):
         calls["solve"] += 1
         return orig_solve(*a, **k)
 
-    monkeypatch.setattr(libra_opt.profiling, "profile_step", spy_profile)
+    monkeypatch.setattr(libra_opt.frontend.profiling, "profile_step", spy_profile)
     monkeypatch.setattr(solvers, "solve", spy_solve)
     x = torch.randn(256, 16)
     first = optimize(small(), x, 0.9, solver="libra", loss_fn=square_loss, cache_dir=tmp_path)
@@ -295,7 +295,7 @@ def test_short_last_batch_on_cuda_under_inductor_within_the_budget():
     of 16 gets a plan of its own, compiled by Inductor; its loss is eager's
     (to Inductor's rounding) and its allocated peak stays within the budget
     bytes resolved at the example."""
-    from libra_opt.zoo import build_model
+    from libra_opt.apps.zoo import build_model
 
     zm = build_model("gpt2-tiny", 16, 128, device="cuda", seed=0)
     ref = copy.deepcopy(zm.model)
@@ -350,7 +350,7 @@ def test_readme_loop_trains_like_eager_and_a_restart_loads_its_plans(tmp_path, m
     assert len(model.shape_plans) == 1                      # batch 200: a plan of its own
     assert all(torch.equal(a, b) for a, b in zip(net.parameters(), ref.parameters()))
     calls = []
-    monkeypatch.setattr(libra_opt.profiling, "profile_step", lambda *a, **k: calls.append("profile"))
+    monkeypatch.setattr(libra_opt.frontend.profiling, "profile_step", lambda *a, **k: calls.append("profile"))
     orig_solve = solvers.solve
     monkeypatch.setattr(solvers, "solve", lambda *a, **k: calls.append("solve") or orig_solve(*a, **k))
     net2, model2 = run()

@@ -13,11 +13,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from libra_opt.bounds import memory_lower_bound, node_memory_lower_bounds
+from libra_opt.passes.bounds import memory_lower_bound, node_memory_lower_bounds
 from libra_opt.errors import BudgetExceededError, ScheduleError
-from libra_opt.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder
-from libra_opt.schedule import Compute, Free, Schedule, SwapIn, SwapOut, Wait, no_remat_schedule
-from libra_opt.simulator import no_remat_peak, resident_at, simulate
+from libra_opt.ir.problem import BACKWARD, DeviceProfile, FixedMemory, ProblemBuilder
+from libra_opt.ir.schedule import Compute, Free, Schedule, SwapIn, SwapOut, Wait, no_remat_schedule
+from libra_opt.passes.simulator import no_remat_peak, resident_at, simulate
 
 SLOW = DeviceProfile(name="test", h2d_bytes_per_s=100.0, d2h_bytes_per_s=100.0)
 

@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from libra_opt.bounds import memory_lower_bound
-from libra_opt.compare import time_limit_options
+from libra_opt.passes.bounds import memory_lower_bound
+from libra_opt.apps.compare import time_limit_options
 from libra_opt.errors import InfeasibleBudgetError
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import BUILTIN_SOLVERS, INFEASIBLE, OPTIMAL, STATUSES, get_solver, solver_class
 
 BUDGETS = (0.9, 0.8, 0.7)
@@ -79,7 +79,7 @@ def instance(request):
         return chain_instance()
     if request.param == "unet":
         return unet_instance()
-    from libra_opt.importers import load_problem_any
+    from libra_opt.frontend.importers import load_problem_any
 
     return load_problem_any(request.getfixturevalue("checkmate_graph_file"))
 

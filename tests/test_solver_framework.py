@@ -6,15 +6,15 @@ import warnings
 import pytest
 
 from libra_opt.errors import (InfeasibleBudgetError, SolverError, SolverNotFoundError, SolverUnavailableError)
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.schedule import Schedule, no_remat_schedule
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.ir.schedule import Schedule, no_remat_schedule
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import (BUILTIN_SOLVERS, FEASIBLE, INFEASIBLE, STATUSES, RawSolution, Solver,
                                UnknownOptionWarning, available_solvers, get_solver, register_solver, solve,
                                solve_many, solver_class)
 from libra_opt.solvers import registry
 from libra_opt.solvers.baselines import ChenSqrtSolver, NoRematSolver
-from libra_opt.units import format_bytes
+from libra_opt.ir.units import format_bytes
 
 BASELINES = ["none", "checkpoint-all", "chen-sqrt", "chen-greedy", "swap-all"]
 

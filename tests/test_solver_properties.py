@@ -7,11 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from libra_opt.bounds import memory_lower_bound
-from libra_opt.compare import time_limit_options
+from libra_opt.passes.bounds import memory_lower_bound
+from libra_opt.apps.compare import time_limit_options
 from libra_opt.errors import InfeasibleBudgetError
-from libra_opt.problem import BACKWARD, ProblemBuilder
-from libra_opt.simulator import no_remat_peak, simulate
+from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import BUILTIN_SOLVERS, get_solver, solver_class
 
 BASELINES = {"none", "checkpoint-all", "chen-sqrt", "chen-greedy", "swap-all"}

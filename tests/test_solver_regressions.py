@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from libra_opt.errors import InfeasibleBudgetError, SolverError
-from libra_opt.fuzz import INFEASIBLE, PLAN, check_case
-from libra_opt.problem import ProblemBuilder
-from libra_opt.problem_io import load_problem
-from libra_opt.simulator import simulate
+from libra_opt.apps.fuzz import INFEASIBLE, PLAN, check_case
+from libra_opt.ir.problem import ProblemBuilder
+from libra_opt.ir.problem_io import load_problem
+from libra_opt.passes.simulator import simulate
 from libra_opt.solvers import RawSolution, Solver, solve, solve_many
 
 PROBLEMS = Path(__file__).resolve().parents[1] / "problems"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from libra_opt.problem_io import load_problem
-from libra_opt.simulator import no_remat_peak
+from libra_opt.ir.problem_io import load_problem
+from libra_opt.passes.simulator import no_remat_peak
 from libra_opt.solvers import solve_many
 from libra_opt.solvers.libra import LibraSolver
 

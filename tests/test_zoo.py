@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from libra_opt.errors import LibraOptError
-from libra_opt.zoo import MODELS, ZooError, ZooModel, build_model, known_models
+from libra_opt.apps.zoo import MODELS, ZooError, ZooModel, build_model, known_models
 
 TINY = [n for n in MODELS if n.endswith("-tiny")]
 
@@ -81,7 +81,7 @@ def test_unknown_name_lists_known_models():
 def test_user_callable(tmp_path, monkeypatch):
     (tmp_path / "my_models.py").write_text(textwrap.dedent("""
         import torch
-        from libra_opt.zoo import build_model
+        from libra_opt.apps.zoo import build_model
 
         def mlp(batch, device="cpu"):
             m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))

@@ -47,7 +47,7 @@ def read_problem(args: argparse.Namespace, command: str):
     ``libra_opt.cli.main`` reports.  With ``--executor`` the problem is priced
     for that executor (:func:`libra_opt.costs.for_executor`, whose
     :class:`~libra_opt.errors.ProblemError` names a missing bandwidth)."""
-    from libra_opt.importers import load_problem_any
+    from libra_opt.frontend.importers import load_problem_any
 
     try:
         problem = load_problem_any(args.file, bandwidth_bytes_per_s=args.bandwidth)
@@ -56,7 +56,7 @@ def read_problem(args: argparse.Namespace, command: str):
         return None
     executor = getattr(args, "executor", None)
     if executor is not None or getattr(args, "memory_bandwidth", None) is not None:
-        from libra_opt.costs import for_executor
+        from libra_opt.passes.costs import for_executor
 
         problem = for_executor(problem, executor or problem.executor, memory_bytes_per_s=args.memory_bandwidth)
     return problem
@@ -84,7 +84,7 @@ BUDGET_HELP = ("graph-memory budget: 60%% or 0.6 (of the no-remat peak), 12GiB, 
 def budget_arg(text: str):
     """``--budget``: the budget contract (:mod:`libra_opt.units`); returns a
     float fraction for ``0.6`` / ``1``, else the string."""
-    from libra_opt.units import budget_from_text, check_budget
+    from libra_opt.ir.units import budget_from_text, check_budget
 
     value = budget_from_text(text)
     try:

@@ -52,10 +52,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt compare``; returns the exit status (0; 2 on bad input)."""
-    from libra_opt.compare import compare, format_table, plot_rows, rows_to_csv, time_limit_options
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.apps.compare import compare, format_table, plot_rows, rows_to_csv, time_limit_options
+    from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import available_solvers
-    from libra_opt.units import format_bytes, format_seconds
+    from libra_opt.ir.units import format_bytes, format_seconds
 
     check_outputs(args.csv, args.plot)
     budgets = args.budgets

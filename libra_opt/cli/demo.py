@@ -62,7 +62,7 @@ def _steps(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt demo``; returns 0, or 1 if the loss check failed."""
-    from libra_opt.demo import DemoConfig, run_demo
+    from libra_opt.apps.demo import DemoConfig, run_demo
 
     check_outputs(args.plot)
     start = time.perf_counter()

@@ -81,7 +81,7 @@ def _reserve(text: str):
     or bytes with a unit (an int); anything else is a usage error (exit 2)."""
     import math
 
-    from libra_opt.units import parse_bytes
+    from libra_opt.ir.units import parse_bytes
 
     t = text.strip()
     try:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from libra_opt.errors import LibraOptError
-    from libra_opt.max_batch import NO_CUDA_MESSAGE, max_batch, predict_max_batch
+    from libra_opt.apps.max_batch import NO_CUDA_MESSAGE, max_batch, predict_max_batch
 
     reserve = args.reserve
     dtype = getattr(torch, _DTYPES[args.dtype])
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         raise LibraOptError(f"--profile-batches: write two batches like 2,4, got {args.profile_batches!r}"
                             ) from None
     if args.simulate:
-        from libra_opt.train_methods import DEFAULT_RESERVE
+        from libra_opt.apps.train_methods import DEFAULT_RESERVE
 
         reserve = DEFAULT_RESERVE if reserve is None else reserve
         print(f"predicting the largest batch of {args.model} with {args.solver} under {args.memory} "

@@ -82,11 +82,11 @@ def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt profile``; returns the exit status (0 on success)."""
     import torch
 
-    from libra_opt.problem_io import save_problem
-    from libra_opt.profiling import ProfilingError, profile
-    from libra_opt.simulator import no_remat_peak
-    from libra_opt.units import format_bytes, format_seconds
-    from libra_opt.zoo import build_model
+    from libra_opt.ir.problem_io import save_problem
+    from libra_opt.frontend.profiling import ProfilingError, profile
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.ir.units import format_bytes, format_seconds
+    from libra_opt.apps.zoo import build_model
 
     check_outputs(args.output)
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():

@@ -36,11 +36,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt simulate``; returns the exit status (0 ok, 1 over budget)."""
-    from libra_opt.bounds import memory_lower_bound
+    from libra_opt.passes.bounds import memory_lower_bound
     from libra_opt.errors import BudgetExceededError
-    from libra_opt.schedule import Schedule, no_remat_schedule
-    from libra_opt.simulator import simulate
-    from libra_opt.units import format_bytes, format_seconds, parse_budget
+    from libra_opt.ir.schedule import Schedule, no_remat_schedule
+    from libra_opt.passes.simulator import simulate
+    from libra_opt.ir.units import format_bytes, format_seconds, parse_budget
 
     check_outputs(args.plot)
     problem = read_problem(args, "simulate")
@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"libra-opt simulate: {e}", file=sys.stderr)
             status = 1
     if args.plot:
-        from libra_opt.plots import plot_memory_timeline
+        from libra_opt.apps.plots import plot_memory_timeline
 
         plans = {"plan": (plan, result), "no remat": (no_remat_schedule(problem), reference)} if args.plan \
             else {"no remat": (plan, result)}

@@ -64,7 +64,7 @@ def bound_text(result) -> str:
     """What the result says about a lower bound on the step time: the bound,
     its plan class and source, and the gap to it, or why there is none
     ("bound unknown")."""
-    from libra_opt.units import format_seconds
+    from libra_opt.ir.units import format_seconds
 
     if result.lower_bound_s is not None:
         gap = "" if result.gap is None else f", gap {result.gap:.2%}"
@@ -84,7 +84,7 @@ def bound_text(result) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt solve``; returns the exit status (0 plan found, 1 infeasible)."""
     from libra_opt.solvers import get_solver
-    from libra_opt.units import format_bytes, format_seconds
+    from libra_opt.ir.units import format_bytes, format_seconds
 
     check_outputs(args.output, args.plot)
     problem = read_problem(args, "solve")
@@ -119,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"explain:  the plan is the {result.extras['descent']} baseline's (hybrid's portfolio): "
                   f"{result.message}")
         else:
-            from libra_opt.solvers.libra_explain import format_decisions
+            from libra_opt.solvers.libra.explain import format_decisions
 
             print(format_decisions(decisions, args.explain))
             for r in result.extras.get("retained", ()):
@@ -129,9 +129,9 @@ def run(args: argparse.Namespace) -> int:
         result.schedule.save(args.output)
         print(f"plan:     {args.output}")
     if args.plot:
-        from libra_opt.plots import plot_memory_timeline
-        from libra_opt.schedule import no_remat_schedule
-        from libra_opt.simulator import simulate
+        from libra_opt.apps.plots import plot_memory_timeline
+        from libra_opt.ir.schedule import no_remat_schedule
+        from libra_opt.passes.simulator import simulate
 
         base_plan = no_remat_schedule(problem)
         plot_memory_timeline(problem, {result.solver: (result.schedule, sim),

@@ -41,9 +41,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``libra-opt sweep``; returns the exit status (0, or 2 on a bad argument)."""
-    from libra_opt.simulator import no_remat_peak
+    from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import get_solver
-    from libra_opt.units import format_bytes, format_seconds
+    from libra_opt.ir.units import format_bytes, format_seconds
 
     from .solve import solver_options
 

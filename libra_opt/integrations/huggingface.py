@@ -134,7 +134,7 @@ class LibraTrainerMixin:
     """
 
     def __init__(self, *args, budget, optimize_options: dict | None = None, **kwargs):
-        from ..units import check_budget
+        from ..ir.units import check_budget
 
         check_budget(budget)
         self.optimize_options = check_optimize_options(optimize_options, type(self).__name__)

@@ -118,7 +118,7 @@ class LibraCallback(L.pytorch.Callback):
     """
 
     def __init__(self, budget, *, attribute: str = "model", optimize_options: dict | None = None):
-        from ..units import check_budget
+        from ..ir.units import check_budget
 
         check_budget(budget)
         self.budget = budget

@@ -1,0 +1,352 @@
+"""Exchange moves of the ``libra`` solver: give back one expensive decision and
+cover the budget again with others.
+
+The greedy descent takes, at each step, the eviction that removes the most
+bytes at the peak per added second.  Where one large, costly storage has the
+best ratio but the budget needs only part of its bytes, the descent takes it
+and stops; several smaller, cheaper evictions that together free what the
+budget needs would have cost less, and the undo pass cannot find them (it only
+removes decisions).  An *exchange* undoes one decision (the budget is then
+exceeded), forbids it, and descends again from there, on a copy of the
+timeline, to the budget (each step the best ratio at the current peak, every
+raised point kept under that peak, as in the descent), then runs the undo pass;
+it is kept where the estimated added time goes down.  Each local descent
+is run twice: taking the best ratio at each step, and *finish first*: where
+candidates alone take the peak down to the budget (the budget is a
+knapsack-cover constraint, which the best ratio can overshoot), the cheapest
+few are each taken and followed by the undo pass, and the cheapest result is
+kept; and a third time with every other recomputed window given its own end
+back first (a window ended at a chain that regenerated the storage given back
+would lose it), then, after the undo pass, regenerated storages kept from the
+first chain after which they fit (``Finisher._keep_regenerated``), compared
+with the plan as that pass would leave it: where the descent evicted the root
+of a chain, keeping the root through the peak lets the chain start there.
+After the exchanges, on problems of at most :data:`COVER_MAX_NODES` nodes, a
+*covering program* proposes a plan of its own (``_cover_windows``): the
+cheapest set of recomputed windows that removes, at every position over the
+budget, the excess bytes, under an additive model (each window frees its
+bytes over its range at its producer's recompute time), solved with HiGHS
+(``scipy.optimize.milp``) once per problem and budget; it is applied to a
+keep-everything timeline, completed by the local descent (at most
+:data:`MIN_EVALS` candidate evaluations) and the undo pass, and kept where it
+is cheaper; on two-phase problems only (default windows: on a single-phase
+graph chains are long and the additive model far off).  It finds the several cheap recomputes a
+best-ratio cover overshoots where one exchange is not enough.
+Exchanges are tried on the most expensive decisions first, a bounded
+number of times (:data:`MAX_TRIES` per round, :data:`MAX_ROUNDS`,
+:data:`MAX_STEPS` local steps, :data:`EVALS_PER_STEP` candidates evaluated per
+step, best cached ratio first), and only on problems of at most
+:data:`MAX_NODES` nodes, so the finish step stays within a small multiple of
+its cost without them.
+
+Source: a 1-opt / tabu exchange neighbourhood over the greedy's decision set
+(Glover, "Tabu Search - Part I", ORSA J. Computing 1989: a move made tabu
+after it is undone), applied to Libra's greedy refinement (Wang, NTHU 2024);
+the covering program is a set-multicover integer program (Checkmate's
+memory constraint, Jain et al., MLSys 2020, sec. 4, with one variable per
+eviction window and its cost made additive).
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .estimate import KEEP, REC, Timeline
+from .explain import REASON_EXCHANGE, explain
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .refine import _Refiner
+
+#: decisions (most expensive first) tried for an exchange per round
+MAX_TRIES = 3
+#: rounds of exchanges (each round keeps the first exchange that saves time)
+MAX_ROUNDS = 2
+#: most decisions the local descent of one exchange may add
+MAX_STEPS = 64
+#: candidates that alone meet the budget tried per step of a finish-first local descent
+MAX_FINISHERS = 4
+#: candidates evaluated per step of a local descent (best cached ratio first)
+EVALS_PER_STEP = 12
+#: exchanges are tried on problems of at most this many nodes (their local
+#: descents evaluate candidates exactly, which large problems cannot afford per budget)
+MAX_NODES = 1000
+#: candidate evaluations exchanges may make per prepared plan: this many times the descent's own
+EVAL_RATIO = 2
+#: ... and at least this many
+MIN_EVALS = 48
+#: the covering program (``_cover_plan``) runs on problems of at most this many nodes
+COVER_MAX_NODES = 128
+#: relative gap at which the covering program stops (its model is approximate anyway)
+COVER_GAP = 0.02
+#: branch-and-bound nodes of the covering program (a node limit, not a time limit: plans do not
+#: depend on the machine's speed)
+COVER_NODES = 200
+#: time limit of the covering program, a safety net only (s)
+COVER_TIME_S = 5.0
+# the covering program's windows per problem and (window mode, margin, budget)
+_COVERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+#: relative saving an exchange must bring to be kept
+MIN_GAIN = 1e-9
+
+
+def undo_pass(tl: Timeline, records: dict, budget: int) -> int:
+    """Undo, most expensive first, every decision in ``records`` the budget
+    does not need (the estimated memory stays within ``budget`` bytes
+    without it); ``tl`` and ``records`` are changed in place.  Returns how
+    many were undone."""
+    undone = 0
+    mem = tl.memory()
+    for j in sorted(records, key=lambda k: (-records[k].added_s, -records[k].step)):
+        # quick test first: the storage back over its whole off range must fit
+        if tl.pol[j] == REC:
+            lo, hi = int(tl.w_a[j]) + 1, int(tl.w_b[j]) - 1
+        else:
+            lo, hi = int(tl.sw_r0[j]), int(tl.sw_pos[j])
+        if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.w_bytes[j]) > budget:
+            continue
+        eff = tl.evaluate(j, KEEP)
+        if eff.feasible and eff.raised_max <= budget:
+            tl.apply(j, KEEP, eff)
+            del records[j]
+            undone += 1
+            mem = tl.memory()
+    return undone
+
+
+def _ranked(ref: "_Refiner", tl: Timeline, p: int, banned: set) -> list[int]:
+    """The candidates at position ``p`` not in ``banned``, best first by bytes
+    over the refiner's cached cost bound (its cheapest option), at most
+    :data:`EVALS_PER_STEP` of them."""
+    idx = np.array([j for j in ref.candidates(tl, p).tolist() if j not in banned], dtype=np.int64)
+    if not len(idx):
+        return []
+    bound = np.maximum(ref.cost[idx].min(axis=1), ref.eps)
+    key = np.where(np.isfinite(bound), tl.w_bytes[idx] / bound, 0.0)
+    order = np.lexsort((idx, -key))[:EVALS_PER_STEP]
+    return idx[order].tolist()
+
+
+def _undo(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> None:
+    """:func:`undo_pass`, then windows whose end was moved to a chain that no
+    longer regenerates their storage get their own end back (the refiner's
+    ``_fix_shrunk``), so that ``tl.added_s()`` is the plan's cost."""
+    undo_pass(tl, records, budget)
+    ref._fix_shrunk(tl, records)
+
+
+def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, banned: set,
+                   finish_first: bool = False, max_evals: int | None = None) -> tuple[Timeline, dict] | None:
+    """Greedy steps from ``tl`` (changed in place) until its estimated peak is
+    within ``budget``: at the peak, the candidate (not in ``banned``) with the
+    best bytes removed per added second whose raised points stay under the
+    peak.  With ``finish_first``, where candidates alone take the peak down
+    to the budget (the budget is a knapsack-cover constraint: the best ratio
+    can overshoot it), the :data:`MAX_FINISHERS` cheapest of them are each
+    taken on a copy followed by the undo pass, and the cheapest result kept.
+    The final timeline and records, or ``None`` if no move is left,
+    :data:`MAX_STEPS` are spent, or the refiner's evaluation count reaches
+    ``max_evals``."""
+    for _ in range(MAX_STEPS):
+        if max_evals is not None and ref.evals >= max_evals:
+            return None
+        m = tl.memory()
+        p = int(np.argmax(m))
+        peak = int(m[p])
+        if peak <= budget:
+            return tl, records
+        best, fins = None, []
+        for j in _ranked(ref, tl, p, banned):
+            mv = ref._evaluate(tl, j, p, peak, limit=peak)
+            if mv is None:
+                continue
+            if best is None or mv.score > best.score:
+                best = mv
+            if finish_first and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
+                fins.append((mv.removed / mv.score, j, mv))
+        if fins:
+            tries = []
+            for _, j, mv in sorted(fins, key=lambda f: f[:2])[:MAX_FINISHERS]:
+                t2, r2 = tl.copy(), dict(records)
+                ref._commit(mv, p, peak, t2, r2, REASON_EXCHANGE)
+                _undo(ref, t2, r2, budget)
+                tries.append((t2.added_s(), j, t2, r2))
+            _, _, tl, records = min(tries, key=lambda t: t[:2])
+            continue
+        if best is None:
+            return None
+        ref._commit(best, p, peak, tl, records, REASON_EXCHANGE)
+    return (tl, records) if int(tl.memory().max()) <= budget else None
+
+
+def _reset_ends(ref: "_Refiner", tl: Timeline, records: dict) -> None:
+    """Every recomputed window in ``records`` whose end was moved to a chain
+    gets its own end back (a use of its storage)."""
+    for j in list(records):
+        if tl.pol[j] != REC:
+            continue
+        s, b = int(tl.w_s[j]), int(ref.orig_b[j])
+        if int(tl.w_b[j]) != b:
+            tl.move_end(j, b, tl.tensors_read_at(s, b))
+            records[j] = dataclasses.replace(records[j], before=b)
+
+
+def _cover_windows(ref: "_Refiner", budget: int) -> list[int] | None:
+    """The cheapest set of recomputed windows that covers ``budget`` under an
+    additive model (window ids, largest first): a covering integer program
+    (minimise the producers' recompute time subject to, at every position
+    over the budget on the keep-everything timeline, the windows off there
+    removing the excess bytes; overlapping windows of one storage exclusive),
+    solved with HiGHS (``scipy.optimize.milp``, stopped within
+    :data:`COVER_GAP` of its optimum or after :data:`COVER_NODES`
+    branch-and-bound nodes).  ``None`` where it has no solution.  The model
+    is the knapsack-cover structure a best-ratio greedy overshoots: several
+    cheap recomputes instead of the best-ratio ones."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    from .libra_refine import _fresh_timeline
+
+    tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
+    mem = tl.memory()
+    over = np.flatnonzero(mem > budget)
+    if not len(over):
+        return None
+    lo, hi = tl.w_a + 1, tl.w_b - 1
+    cols = np.flatnonzero(tl.w_rec_ok & (tl.w_bytes > 0) & (lo <= over[-1]) & (hi >= over[0]))
+    if not len(cols):
+        return None
+    cover = (lo[cols][None, :] <= over[:, None]) & (over[:, None] <= hi[cols][None, :])
+    rows = [cover * tl.w_bytes[cols][None, :].astype(np.float64)]
+    need, ub = [(mem[over] - budget).astype(np.float64)], [np.full(len(over), np.inf)]
+    by_storage: dict[int, list[int]] = {}
+    for k, j in enumerate(cols.tolist()):
+        by_storage.setdefault(int(tl.w_s[j]), []).append(k)
+    for ks in by_storage.values():
+        for x in ks:
+            for y in ks:
+                if x < y and lo[cols[x]] <= hi[cols[y]] and lo[cols[y]] <= hi[cols[x]]:
+                    row = np.zeros((1, len(cols)))
+                    row[0, [x, y]] = 1.0
+                    rows.append(row)
+                    need.append(np.zeros(1))
+                    ub.append(np.ones(1))
+    cost = ref.problem.recompute_time[tl.w_prod[cols]] + ref.eps
+    res = milp(cost, constraints=LinearConstraint(np.vstack(rows), np.concatenate(need), np.concatenate(ub)),
+               integrality=np.ones(len(cols)), bounds=Bounds(0, 1),
+               options=dict(mip_rel_gap=COVER_GAP, node_limit=COVER_NODES, time_limit=COVER_TIME_S))
+    if res.x is None:
+        return None
+    return sorted(cols[res.x > 0.5].tolist(), key=lambda j: (-int(tl.w_bytes[j]), j))
+
+
+def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
+    """:func:`_cover_windows` (solved once per problem, window mode, margin
+    and budget: the descents of a solve share it) applied to a
+    keep-everything timeline, then the local descent where its model missed
+    (chains that need evicted inputs, points a chain raises) and the undo
+    pass; ``None`` where the program has no solution or the plan does not
+    get within ``budget``."""
+    from .libra_refine import _fresh_timeline
+
+    if not ref.allow_rec or ref.mode != "default":
+        return None   # single-phase graphs ("all" windows): long chains, far from the additive model
+    key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget))
+    per = _COVERS.setdefault(ref.problem, {})
+    if key not in per:
+        per[key] = _cover_windows(ref, budget)
+    if not per[key]:
+        return None
+    tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
+    records: dict = {}
+    for j in per[key]:
+        eff = tl.evaluate(j, REC)
+        if not eff.feasible:
+            continue
+        m = tl.memory()
+        p = int(np.argmax(m))
+        tl.apply(j, REC, eff)
+        records[j] = explain(ref.problem, step=-1, storage=int(tl.w_s[j]), after=int(tl.w_a[j]),
+                             before=int(tl.w_b[j]), policy="recompute", nbytes=int(tl.w_bytes[j]),
+                             peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory()[p]),
+                             added_s=max(eff.cost_s, 0.0), recompute_s=max(eff.cost_s, 0.0), swap_s=None,
+                             reason=REASON_EXCHANGE)
+    done = _descend_local(ref, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)
+    if done is None:
+        return None
+    tl, records = done
+    _undo(ref, tl, records, budget)
+    return tl, records
+
+
+def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_evals: int = 0
+             ) -> tuple[Timeline, dict, int]:
+    """Exchange moves (module docstring) from the prepared timeline ``tl`` and
+    its decision ``records`` for ``budget`` bytes; neither is changed.  At
+    most ``max(MIN_EVALS, EVAL_RATIO * descent_evals)`` candidate evaluations
+    (``descent_evals``: those the descent made to get there), so exchanges
+    cost a bounded multiple of the descent.
+
+    Returns
+    -------
+    (Timeline, dict, int)
+        The cheapest timeline found (``tl`` itself if no exchange saves
+        time), its records, and how many exchanges were kept.
+    """
+    if not records or int(tl.memory().max()) > budget or ref.problem.num_nodes > MAX_NODES:
+        return tl, records, 0
+    banned: set[int] = set()
+    kept = 0
+    stop = ref.evals + max(MIN_EVALS, EVAL_RATIO * int(descent_evals))
+    for _ in range(MAX_ROUNDS):
+        cost = tl.added_s()
+        kept_cost = None   # the cost of ``tl`` once the finish keeps regenerated storages (computed when needed)
+        found = None
+        for j in sorted(records, key=lambda k: (-records[k].added_s, k))[:MAX_TRIES]:
+            if records[j].added_s <= 0:
+                break
+            for finish_first, reset in ((False, False), (True, False), (False, True)):
+                t2, r2 = tl.copy(), dict(records)
+                eff = t2.evaluate(j, KEEP)
+                if not eff.feasible:
+                    break
+                t2.apply(j, KEEP, eff)
+                del r2[j]
+                if reset:
+                    _reset_ends(ref, t2, r2)
+                done = _descend_local(ref, t2, r2, budget, banned | {j}, finish_first, stop)
+                if done is None:
+                    continue
+                t2, r2 = done
+                _undo(ref, t2, r2, budget)
+                limit = cost
+                if reset:   # compared with ``tl`` as the finish will make it: regenerated storages kept too
+                    ref._keep_regenerated(t2, r2, budget)
+                    if kept_cost is None:
+                        t3 = tl.copy()
+                        ref._keep_regenerated(t3, dict(records), budget)
+                        kept_cost = min(cost, t3.added_s())
+                    limit = kept_cost
+                if t2.added_s() < limit * (1 - MIN_GAIN) and (found is None or t2.added_s() < found[0].added_s()):
+                    found = (t2, r2, j)
+        if found is None:
+            break
+        tl, records = found[0], found[1]
+        banned.add(found[2])
+        kept += 1
+    if ref.problem.num_nodes <= COVER_MAX_NODES and records:
+        cov = _cover_plan(ref, budget)
+        if cov is not None:
+            t2, r2 = cov
+            ref._keep_regenerated(t2, r2, budget)
+            t3 = tl.copy()
+            ref._keep_regenerated(t3, dict(records), budget)
+            if t2.added_s() < min(tl.added_s(), t3.added_s()) * (1 - MIN_GAIN):
+                tl, records = t2, r2
+                kept += 1
+    return tl, records, kept
+
+
+__all__ = ["exchange", "undo_pass", "MAX_TRIES", "MAX_ROUNDS", "MAX_STEPS"]

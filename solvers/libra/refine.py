@@ -1,0 +1,565 @@
+"""The greedy refinement behind the ``libra`` solver: one resumable descent
+per problem and policy, and its snapshots.  The finish step (undo pass,
+segment-wise regeneration, retention, lowering, simulation, repair) is
+:mod:`libra_opt.solvers.libra_finish`.
+
+See :mod:`libra_opt.solvers.libra` for the algorithm; the incremental model it
+scores moves with is :mod:`libra_opt.solvers.libra_estimate`.
+
+Source: Libra (Wang, NTHU 2024), greedy refinement from the profiled peak;
+Chen et al., "Training Deep Nets with Sublinear Memory Cost" (2016), sec. 4.1,
+for keeping a segment's recomputed activations until their backward use.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from libra_opt.passes.lowering import all_windows, default_windows
+from libra_opt.ir.problem import RematProblem
+
+from .estimate import KEEP, REC, SWAP, Timeline
+from .explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
+                      REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
+from .finish import Finisher, _Snapshot
+
+
+#: most other windows a merged-regeneration variant tries per evaluation (``_Refiner._try_merge``)
+MAX_MERGES = 2
+#: most candidates evaluated exactly per refinement step before the best evaluated one is taken
+MAX_EVALS_PER_STEP = 48
+#: option columns: recompute, swap hidden behind compute, delayed swap, swap that waits for its copy out
+_O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
+_NAMES = {REC: "recompute", SWAP: "swap"}
+
+
+@dataclass
+class _Move:
+    j: int
+    policy: int
+    eff: object
+    score: float
+    removed: int
+    rec_s: float | None
+    swap_s: float | None
+    reason: str
+    raised_pos: int | None = None
+    raised_bytes: int | None = None
+    shrink: tuple | None = None    # (position, tensors[, "early"]): the window ends where a chain regenerates it
+    also: tuple | None = None      # ("merge", window, position, tensors): another evicted window ends at this
+    #                                move's chain; ("retain", ((tensor, position), ...)): chain inputs kept resident
+
+
+class _Refiner(Finisher):
+    """One greedy descent over one problem; resumable, with snapshots."""
+
+    def __init__(self, problem: RematProblem, opts):
+        self.problem = problem
+        self.opts = opts
+        mode = opts.windows
+        if mode == "auto":
+            mode = "default" if problem.boundary < problem.num_nodes else "all"
+        self.mode = mode   # the windows it descends over: "default" or "all"
+        self.tl = tl = _fresh_timeline(problem, mode, opts.swap_overlap_margin)
+        self.allow_rec = opts.policy != "swap"
+        self.allow_swap = opts.policy != "recompute"
+        self.lo = tl.w_a + 1
+        self.hi = tl.w_b - 1
+        self.orig_b = tl.w_b.copy()
+        self.eps = 1e-9 * max(problem.total_compute_s, 1e-30) / max(problem.num_nodes, 1)
+        self.enabled = (tl.w_bytes > 0) & ((tl.w_rec_ok & self.allow_rec) | self.allow_swap)
+        # cached cost of moving each window to each option (s), refreshed whenever it is evaluated:
+        # recompute, swap with the swap-in hidden behind compute (and the positions it covers), swap
+        # with the swap-in delayed past the peak, swap that waits for its copy out before the peak (a
+        # stall, where the copy cannot end before it).  They bound scores for the lazy selection.
+        # Columns: _O_REC, _O_HID, _O_LATE, _O_WAIT.  An option refused because it would raise position
+        # ``bat`` by ``bmem`` bytes to the peak is left out while that would still reach the peak.
+        self.cost = np.zeros((tl.nw, 4))
+        self.cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
+        if not self.allow_swap:
+            self.cost[:, _O_HID] = self.cost[:, _O_LATE] = np.inf
+        # waiting for a copy out only helps where copies overlap compute (elsewhere a copy blocks it anyway)
+        waits = opts.swap_waits if opts.swap_waits is not None else opts.policy == "swap"
+        self.allow_wait = self.allow_swap and tl.overlap and waits
+        if not self.allow_wait:
+            self.cost[:, _O_WAIT] = np.inf
+        self.hid_lo = self.lo.copy()
+        self.hid_hi = self.hi.copy()
+        self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
+        self.bat = np.full((tl.nw, 4), -1, dtype=np.int64)
+        self.bmem = np.zeros((tl.nw, 4), dtype=np.int64)
+        # the peak position each was found at: a delayed or waiting swap's effect depends on it, so its
+        # raised point is only known for that position
+        self.bat_p = np.full((tl.nw, 4), -1, dtype=np.int64)
+        self.eval_step = np.full(tl.nw, -1, dtype=np.int64)
+        self.cache: dict[int, _Move] = {}
+        self.records: dict[int, Decision] = {}
+        self.step = 0
+        self.evals = 0   # candidate evaluations (_evaluate calls) so far, the descent's and exchanges'
+        self.used_early = False   # an early regeneration was taken (see LibraSolver's fallback)
+        self.done = False
+        self.cut_short = False
+        self.busy_s = 0.0           # seconds spent inside descend() so far (this descent's own clock)
+        self._since: float | None = None
+        self.time_limit_s = opts.time_limit_s   # on busy_s; LibraSolver shares its option among descents
+        self.asked: set[int] | None = None      # budgets this descent is run for (None: every budget)
+        self._final: _Snapshot | None = None
+        self._final_peak: int | None = None
+
+    # ------------------------------------------------------------ descent
+    def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, _Snapshot]:
+        """Refine until the peak is under every budget (or, ``to_end``, until
+        no move is left); snapshot the state when it first gets under each."""
+        self._since = time.perf_counter()
+        try:
+            return self._descend(budgets, to_end)
+        finally:
+            self.busy_s += time.perf_counter() - self._since
+            self._since = None
+
+    def clock_s(self) -> float:
+        """Seconds this descent has spent refining (inside :meth:`descend`),
+        not wall time since it was built: the descents of a portfolio run one
+        after another."""
+        return self.busy_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+    def _descend(self, budgets: Sequence[int], to_end: bool) -> dict[int, _Snapshot]:
+        tl = self.tl
+        pending = sorted(set(int(b) for b in budgets), reverse=True)
+        out: dict[int, _Snapshot] = {}
+        while True:
+            m = tl.memory()
+            p = int(np.argmax(m))
+            peak = int(m[p])
+            while pending and peak <= pending[0]:
+                out[pending.pop(0)] = self._snapshot(peak)
+            if (not pending and not to_end) or self.done:
+                break
+            o = self.opts
+            if (o.max_steps is not None and self.step >= o.max_steps) or (
+                    self.time_limit_s is not None and self.clock_s() > self.time_limit_s):
+                self.done = self.cut_short = True
+                break
+            move = self._select(p, peak, m)
+            if move is None:
+                self.done = True
+                break
+            self._commit(move, p, peak)
+        return out
+
+    def final(self) -> _Snapshot:
+        """The state at the end of the descent (the lowest peak it reaches)."""
+        if self._final is None:
+            self.descend([], to_end=True)
+            self._final = self._snapshot(self.tl.peak()[0])
+        return self._final
+
+    def _snapshot(self, peak: int) -> _Snapshot:
+        return _Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
+                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()), self.evals)
+
+    def candidates(self, tl: Timeline, p: int) -> np.ndarray:
+        """Window ids a move may change at peak position ``p``: kept windows
+        around ``p``; swapped ones whose swap-in comes back before ``p`` (to
+        switch to recomputation or delay the swap-in); in hybrid mode,
+        recomputed ones whose chain runs at ``p`` (to switch to a swap)."""
+        rng = (self.lo <= p) & (tl.w_b - 1 >= p) & self.enabled
+        mask = rng & (tl.pol == KEEP)
+        if self.allow_swap:
+            mask |= rng & (tl.pol == SWAP) & ~((tl.sw_r0 <= p) & (p <= tl.sw_pos))
+        idx = np.flatnonzero(mask)
+        ch = tl.chains.get(p)
+        if ch is not None and self.allow_rec and self.allow_swap:
+            extra = [j for s in ch.touched for j in tl.s_windows.get(s, ())
+                     if tl.pol[j] == REC and tl.w_a[j] < p <= tl.w_maxhi[j]]
+            if extra:
+                idx = np.union1d(idx, np.array(extra, dtype=np.int64))
+        return idx
+
+    def _select(self, p: int, peak: int, mem: np.ndarray) -> _Move | None:
+        """Lazy best-first selection: candidates in order of their cached score
+        bound; the first whose fresh evaluation is still the best is taken."""
+        tl = self.tl
+        idx = self.candidates(tl, p)
+        if not len(idx):
+            return None
+        c = self.cost[idx]
+        bat = np.where(self._bat_known(idx, p), self.bat[idx], -1)
+        c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
+        lo, hi = np.maximum(self.hid_lo[idx], self._release_bound(tl, idx)), self.hid_hi[idx]
+        self.rel_lo[idx] = lo   # read by _evaluate during this selection
+        c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
+        # a swapped window's swap-in may be delayed past p where it is issued before p
+        late_hi = np.where(tl.pol[idx] == SWAP, tl.sw_pos[idx], hi)
+        c[~((p > late_hi) & (p >= lo)), _O_LATE] = np.inf
+        c[~(p < np.maximum(lo, np.where(tl.pol[idx] == SWAP, tl.sw_r0[idx], 0))), _O_WAIT] = np.inf
+        best = c.min(axis=1)
+        local = np.where(np.isfinite(best), tl.w_bytes[idx] / np.maximum(best, self.eps), -np.inf)
+        fresh_best = None
+        evals = 0
+        while True:
+            k = int(np.argmax(local))
+            if local[k] == -np.inf:
+                return fresh_best
+            j = int(idx[k])
+            if self.eval_step[j] == self.step:
+                return self.cache[j]
+            if evals >= MAX_EVALS_PER_STEP and fresh_best is not None:
+                return fresh_best
+            self.eval_step[j] = self.step
+            evals += 1
+            mv = self._evaluate(tl, j, p, peak, limit=peak)
+            if mv is None:
+                local[k] = -np.inf
+            else:
+                self.cache[j] = mv
+                local[k] = mv.score
+                if fresh_best is None or mv.score > fresh_best.score:
+                    fresh_best = mv
+
+    def _bat_known(self, idx: np.ndarray, p: int) -> np.ndarray:
+        """Which cached raised points (``bat``, shape ``(len(idx), 4)``) still
+        apply at peak position ``p``: all but those of the delayed and the
+        waiting swaps found at another position."""
+        known = np.ones((len(idx), 4), dtype=bool)
+        known[:, [_O_LATE, _O_WAIT]] = self.bat_p[idx][:, [_O_LATE, _O_WAIT]] == p
+        return known
+
+    def _release_bound(self, tl: Timeline, idx: np.ndarray) -> np.ndarray:
+        """Earliest position a swap of each window in ``idx`` could release its
+        storage: after its copy out, queued behind the copies already issued
+        before it (a lower bound: later copies are not delayed here)."""
+        if not self.allow_swap or not tl.overlap:
+            return self.lo[idx]
+        T = tl.start_times()
+        prod = tl.w_prod[idx]
+        issue = T[prod] + tl.node_time[prod]
+        sw = tl.swap
+        if len(sw.ids):
+            o = np.argsort(tl.w_prod[sw.ids], kind="stable")
+            sp = tl.w_prod[sw.ids][o]
+            ends = np.maximum.accumulate(sw.d2h_end_s[o])
+            k = np.searchsorted(sp, prod, side="right") - 1
+            issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
+        end = issue + tl.w_bytes[idx] / tl.d2h * (1.0 + tl.margin)
+        return np.searchsorted(T, end, side="left")
+
+    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None) -> _Move | None:
+        """Best admissible option for window ``j`` at peak position ``p``: every
+        raised point stays under ``limit`` (``None``: no such condition) and
+        position ``p`` goes down.  Options: recompute; swap with the swap-in
+        where it hides behind compute; swap with the swap-in delayed to right
+        after ``p`` (it then covers ``p``, at the price of a stall); swap that
+        waits for its copy out right before ``p`` (where the copy cannot end
+        before ``p``; a stall), its swap-in after ``p``.  An evicted window
+        may switch policy, delay its swap-in or wait for its copy out."""
+        self.evals += 1
+        s = int(tl.w_s[j])
+        if s in tl.s_retained:   # a storage is either evicted or retained
+            return None
+        cur = int(tl.pol[j])
+        others = [int(tl.pol[k]) for k in tl.s_win.get(s, ()) if k != j]
+        m_p = int(tl.memory()[p]) if limit is None else peak
+        b = int(tl.w_b[j])
+        # options, tried cheapest cached cost first (recompute first on ties); an option is skipped
+        # once an admissible one is known to cost no more than its cached (lower-bound) cost
+        todo: list[tuple[float, int, int, int]] = []   # (cached cost, column, policy, floor)
+        if self.allow_rec and tl.w_rec_ok[j] and SWAP not in others and cur != REC:
+            todo.append((self.cost[j, _O_REC], _O_REC, REC, 0))
+        if self.allow_swap and REC not in others:
+            natural = tl is not self.tl or self.rel_lo[j] <= p   # the copy out may end before p
+            if cur != SWAP and p <= self.hid_hi[j]:
+                # a swap whose copy out cannot end before p does not lower p (and more copies only
+                # delay the others): evaluate it only where it may release the storage by p
+                if natural:
+                    todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
+            elif (tl.pos.get(j, -1) if cur == SWAP else self.hid_hi[j]) < p < b:
+                todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+            if self.allow_wait and p < b and (not natural if cur != SWAP else (
+                    tl.wait[j] != p and p < int(tl.sw_r0[j]))):
+                # the copy out cannot end before p: wait for it right before p (its swap-in after p)
+                todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
+        if tl is self.tl and limit is not None and todo:
+            # as in _select: an option known to raise a point to the peak stays out while it still would
+            mem = tl.memory()
+            bat = np.where(self._bat_known(np.array([j]), p)[0], self.bat[j], -1)
+            todo = [x for x in todo if bat[x[1]] < 0 or int(mem[bat[x[1]]]) + int(self.bmem[j, x[1]]) < peak]
+        opts: list[tuple[int, int, object]] = []
+        ok = []
+        mem = None
+        while todo:
+            todo.sort(key=lambda x: (x[0], x[1]))
+            cached, col, pol, fl = todo.pop(0)
+            if ok:
+                best = min(ok, key=lambda x: x[:2])
+                if cached > best[0] or (cached == best[0] and col != _O_REC):
+                    break
+            if pol == SWAP:
+                e = tl.evaluate(j, pol, floor=fl, wait=p if col == _O_WAIT else None)
+            else:
+                e = tl.evaluate(j, REC)
+            opts.append((pol, fl, e))
+            if tl is self.tl:
+                self._remember(j, [(pol, fl, e)], col)
+                self.bat[j, col] = -1
+            if not e.feasible:
+                continue
+            newp = tl.new_value_at(j, pol, e, p)
+            if newp < m_p and (limit is None or e.raised_max < limit):
+                ok.append((max(e.cost_s, 0.0), pol != REC, fl, pol, e, m_p - newp, None))
+                if pol == REC and cur == KEEP:
+                    self._try_shrink(tl, j, e, p, m_p, limit, ok)
+            if pol == REC and cur == KEEP and e.feasible and self.opts.merge:
+                self._try_merge(tl, j, e, p, m_p, limit, ok)
+            if pol == REC and cur == KEEP and e.feasible and self.opts.retain and self.opts.retain_inputs:
+                self._try_retain(tl, j, e, p, m_p, limit, ok)
+            if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
+                if pol == REC and cur == KEEP and self.opts.early:
+                    self._try_early(tl, j, p, m_p, limit, ok)
+                mem = tl.memory() if mem is None else mem
+                self.bat[j, col] = e.raised_at
+                self.bat_p[j, col] = p
+                self.bmem[j, col] = max(int(e.raised_max - mem[e.raised_at]), 0)
+            if col == _O_HID and newp >= m_p and p < b:
+                k = np.flatnonzero(e.swap.ids == j)
+                if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
+                    todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+                if len(k) and int(e.swap.r0[k[0]]) > p and self.allow_wait and not any(x[1] == _O_WAIT for x in todo):
+                    todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
+        feasible = [(pol, fl, e) for pol, fl, e in opts if e.feasible]
+        if not ok:
+            return None
+        cost, _, fl, pol, eff, removed, shrink, *also = min(ok, key=lambda x: x[:3])
+        rec = [max(e.cost_s, 0.0) for q, _, e in feasible if q == REC]
+        swp = [max(e.cost_s, 0.0) for q, _, e in feasible if q == SWAP]
+        rec_s = rec[0] if rec else (float(self.cost[j, _O_REC]) if np.isfinite(self.cost[j, _O_REC]) else None)
+        swap_s = min(swp) if swp else (float(self.cost[j, _O_HID]) if np.isfinite(self.cost[j, _O_HID]) else None)
+        rec_ok = any(x[3] == REC for x in ok)
+        raised = None
+        if pol == REC:
+            if cur == SWAP:
+                reason = REASON_SWITCH
+            elif not self.allow_swap:
+                reason = REASON_ONLY_POLICY
+            elif swp and not any(x[3] == SWAP for x in ok):
+                reason = REASON_SWAP_NO_GAIN
+            else:
+                reason = REASON_CHEAPEST
+        else:
+            if cur == REC:
+                reason = REASON_SWITCH
+            elif not self.allow_rec:
+                reason = REASON_ONLY_POLICY
+            elif not tl.w_rec_ok[j]:
+                reason = REASON_NOT_RECOMPUTABLE
+            elif rec and not rec_ok:
+                reason = REASON_NEW_PEAK
+                raised = next(e for q, _, e in feasible if q == REC)
+            else:
+                reason = REASON_CHEAPEST
+        score = removed / max(cost, self.eps)
+        return _Move(j, pol, eff, score, removed, rec_s, swap_s, reason,
+                     raised.raised_at if raised else None, raised.raised_max if raised else None, shrink,
+                     also[0] if also else None)
+
+    def _try_shrink(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
+        """Recomputation variant of window ``j`` that ends at the first chain
+        regenerating the storage before its own use (``e``'s chains): kept from
+        there, it is not recomputed again (segment-wise regeneration)."""
+        s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+        qs = [q for q, ch in e.chains.items() if ch is not None and a < q < b
+              and any(tl.t_storage[t] == s for t in ch.made)]
+        if not qs:
+            return
+        q = min(qs)
+        made = [t for t in e.chains[q].made if tl.t_storage[t] == s]
+        e2, newp = self._ending_at(tl, j, q, made, p)
+        if newp is None or e2.cost_s >= e.cost_s:
+            return
+        if newp < m_p and (limit is None or e2.raised_max < limit):
+            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, made)))
+
+    def _try_merge(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
+        """Recomputation variant of kept window ``j`` for when its chain (``e``)
+        regenerates a storage that another window ``k`` recomputes later, at
+        its own use: ``k`` then ends at that chain and the storage is kept from
+        there (segment-wise regeneration, as the finish step's
+        ``_keep_regenerated`` does), so the two evictions pay for one
+        regeneration.  Its cost is the change of the whole plan's added time;
+        the positions the kept storage covers again must stay under
+        ``limit``.  At most :data:`MAX_MERGES` windows are tried."""
+        tries = 0
+        for q, ch in sorted(e.chains.items()):
+            if ch is None:
+                continue
+            for s2 in sorted({int(tl.t_storage[t]) for t in ch.made}):
+                for k in tl.s_win.get(s2, ()):
+                    if k == j or tl.pol[k] != REC or not int(tl.w_a[k]) < q < int(tl.w_b[k]):
+                        continue
+                    if tries >= MAX_MERGES:
+                        return
+                    tries += 1
+                    made = [t for t in ch.made if tl.t_storage[t] == s2]
+                    before, old, b_k = tl.added_s(), tl.window_state(k), int(tl.w_b[k])
+                    tl.move_end(k, q, made)
+                    try:
+                        mem = tl.memory()
+                        hold = int(mem[q:b_k].max()) if b_k > q else 0
+                        e2 = tl.evaluate(j, REC)
+                        if not e2.feasible:
+                            continue
+                        newp = tl.new_value_at(j, REC, e2, p)
+                        cost = tl.added_s() - before + max(e2.cost_s, 0.0)
+                        if cost < max(e.cost_s, 0.0) and newp < m_p and (
+                                limit is None or max(e2.raised_max, hold) < limit):
+                            ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None, ("merge", k, q, made)))
+                    finally:
+                        tl.move_end(k, state=old)
+
+    def _try_retain(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
+        """Recomputation variant of kept window ``j`` for when its chain (``e``)
+        regenerates inputs of the storage's producer that were freed after
+        their last use (not evicted): keep those inputs resident until the
+        chain instead (:class:`~libra_opt.lowering.Retain`, Checkmate's S
+        holding a value across stages), which cuts the chain short.  Taken
+        where it costs less than the plain recomputation and the memory the
+        inputs hold, less the storage's bytes, stays under ``limit``."""
+        s = int(tl.w_s[j])
+        prod = tl.problem.nodes[tl.problem.tensors[s].producer]
+        rets: dict[int, int] = {}
+        for q in sorted(e.chains):
+            ch = e.chains[q]
+            if ch is None:
+                continue
+            for t in prod.inputs:
+                if t in ch.made and t not in rets and t not in tl.t_until and tl.t_last_eff[t] < q and tl.retainable(t):
+                    rets[t] = q
+        if not rets:
+            return
+        before = tl.added_s()
+        a, b, nbytes = int(tl.w_a[j]), int(tl.w_b[j]), int(tl.w_bytes[j])
+        done = []
+        try:
+            for t, q in rets.items():
+                tl.retain(t, q)
+                done.append(t)
+            e2 = tl.evaluate(j, REC)
+            if not e2.feasible:
+                return
+            cost = tl.added_s() - before + max(e2.cost_s, 0.0)
+            newp = tl.new_value_at(j, REC, e2, p)
+            if not (cost < max(e.cost_s, 0.0) and newp < m_p):
+                return
+            lo = min(int(tl.t_last[t]) for t in rets) + 1
+            hi = max(rets.values())
+            pos = np.arange(lo, hi + 1)
+            vals = tl.memory()[lo:hi + 1] - np.where((a < pos) & (pos < b), nbytes, 0)
+            for i, q in enumerate(pos.tolist()):
+                if q in e2.chains:
+                    vals[i] = tl.new_value_at(j, REC, e2, q)
+            hold = int(vals.max()) if len(vals) else 0
+            if limit is None or max(e2.raised_max, hold) < limit:
+                ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None,
+                           ("retain", tuple(rets.items()))))
+        finally:
+            for t in reversed(done):
+                tl.retain(t, None)
+
+    def _try_early(self, tl: Timeline, j: int, p: int, m_p: int, limit: int, ok: list) -> None:
+        """Recomputation variant of window ``j`` for when recomputing at the use
+        raises a new peak: regenerate the storage earlier, before the node
+        between the peak ``p`` and the use where memory is lowest, and keep it
+        from there (early regeneration, like a prefetch; Checkmate's R may
+        recompute a value at any stage before it is needed)."""
+        s, b = int(tl.w_s[j]), int(tl.w_b[j])
+        if b - p < 2:
+            return
+        q = p + 1 + int(np.argmin(tl.memory()[p + 1:b]))
+        first = tl.tensors_read_at(s, b)
+        e2, newp = self._ending_at(tl, j, q, first, p)
+        if newp is not None and newp < m_p and e2.raised_max < limit:
+            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, first, "early")))
+
+    @staticmethod
+    def _ending_at(tl: Timeline, j: int, q: int, tensors: list[int], p: int):
+        """Evaluate recomputing kept window ``j`` with its end moved to ``q``,
+        where ``tensors`` of its storage are regenerated, then put the window
+        back.  ``(effect, memory at p after it)``; the memory is ``None`` if
+        the effect is infeasible."""
+        old = tl.window_state(j)
+        tl.set_before(j, q, tensors)
+        try:
+            e2 = tl.evaluate(j, REC)
+            return e2, (tl.new_value_at(j, REC, e2, p) if e2.feasible else None)
+        finally:
+            tl.move_window_back(j, old)
+
+    def _remember(self, j: int, opts, col: int | None = None) -> None:
+        """Cache the evaluated option costs of window ``j`` (see ``__init__``);
+        ``col``: the option column, where it is not told by policy and floor."""
+        for pol, fl, e in opts:
+            c = max(e.cost_s, 0.0) if e.feasible else np.inf
+            if col == _O_WAIT:
+                self.cost[j, _O_WAIT] = c
+            elif pol == REC:
+                self.cost[j, _O_REC] = c
+            elif fl == 0:
+                self.cost[j, _O_HID] = c
+                k = np.flatnonzero(e.swap.ids == j) if e.swap is not None else ()
+                if len(k):
+                    self.hid_lo[j], self.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
+            else:
+                self.cost[j, _O_LATE] = c
+
+    def _commit(self, mv: _Move, p: int, peak: int, tl: Timeline | None = None, records: dict | None = None,
+                reason: str | None = None) -> None:
+        tl = self.tl if tl is None else tl
+        records = self.records if records is None else records
+        j = mv.j
+        if mv.also is not None and mv.also[0] == "merge":
+            _, k, q, made = mv.also
+            tl.move_end(k, q, made)
+            if records.get(k) is not None:
+                records[k] = dataclasses.replace(records[k], before=q)
+        elif mv.also is not None:
+            for t, q in mv.also[1]:
+                tl.retain(t, q)
+        if mv.shrink is not None:
+            tl.set_before(j, mv.shrink[0], mv.shrink[1])
+            if len(mv.shrink) > 2 and tl is self.tl:
+                self.used_early = True
+        tl.apply(j, mv.policy, mv.eff)
+        records[j] = explain(self.problem, step=self.step if tl is self.tl else -1, storage=int(tl.w_s[j]),
+                             after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=_NAMES[mv.policy],
+                             nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
+                             added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
+                             reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes,
+                             early_from=int(tl.orig_b[j]) if mv.shrink is not None and len(mv.shrink) > 2 else None)
+        if tl is self.tl:
+            self.step += 1
+            # what is left are switch costs: roughly the other options' costs less what was paid
+            self.cost[j] = np.maximum(self.cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
+            self.cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
+            self.bat[j] = -1
+
+# pristine timelines per problem, window mode and margin: the descents of one solve (and of later
+# solves of the same problem) start from copies, sharing the static arrays
+_TIMELINES: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
+
+
+def _fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
+    """A no-remat :class:`Timeline` over the ``mode`` windows (``"default"`` or ``"all"``)."""
+    per = _TIMELINES.setdefault(problem, {})
+    key = (mode, float(margin))
+    if key not in per:
+        if mode == "default":
+            wins = sorted((s, a, b) for s, (a, b) in default_windows(problem).items())
+        else:
+            wins = sorted(all_windows(problem))
+        per[key] = Timeline(problem, wins, margin)
+    return per[key].copy()

@@ -1,0 +1,817 @@
+"""The default solver ``libra``: greedy refinement of a hybrid recompute + swap plan.
+
+Libra (Wang, NTHU 2024, "Libra: Python-level tensor re-materialization for GPU
+memory optimization in deep learning") plans rematerialization by refining
+the eager (keep-everything) plan greedily from its profiled peak:
+
+1. **Peak memory profiling.**  From the memory timeline, find the peak and
+   the activations live across it that are not in use at that moment (the
+   candidates: storage windows from :func:`~libra_opt.lowering.default_windows`,
+   or every gap between uses, :func:`~libra_opt.lowering.all_windows`, on a
+   single-phase graph).
+2. **Memory-reduction estimation.**  For each candidate and policy, the bytes
+   it removes at the peak and the time it adds: recomputation costs its
+   producer plus every evicted input it needs again (the *recomputation
+   chain*, with the memory that chain occupies when it runs); swapping costs
+   the part of the transfer that does not hide behind the compute between
+   swap-out and use, at the device's measured bandwidth, with the copy
+   queues' contention (:mod:`libra_opt.solvers.libra_estimate`).
+3. **Greedy refinement.**  Take the candidate with the most bytes removed at
+   the peak per added second.  Recomputation is the first choice; a swap is
+   taken where recomputing (or its chain) would push another point of the
+   timeline up to the peak, or where the transfer costs less (it hides behind
+   compute).  A move is admissible only if every point it raises stays below
+   the current peak, so the peak never rises and one descent passes every
+   budget on the way down.  The timeline is updated incrementally.
+4. **Finish.**  A final pass undoes decisions the budget no longer needs
+   (most expensive first); the plan is lowered (:func:`~libra_opt.lowering.lower`)
+   and simulated; if the simulated peak is still over budget, refinement
+   continues against the simulated timeline.
+
+:meth:`LibraSolver.solve_many` plans many budgets from one descent: the
+decision set is recorded when the peak first drops under each budget, and
+each is finished as a single solve would, so results equal single-budget
+solves, but for one thing: a plan for a lower budget fits every higher one,
+so the sweep returns, for each budget, the cheapest plan found for it or any
+lower budget (monotone in cost).
+
+Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent and its
+snapshots), :mod:`~libra_opt.solvers.libra_finish` (undo pass, segment-wise
+regeneration, retention, lowering, simulation, repair),
+:mod:`~libra_opt.solvers.libra_estimate` (the incremental timeline; with
+:mod:`~libra_opt.solvers.libra_chains`, :mod:`~libra_opt.solvers.libra_swaps`
+and :mod:`~libra_opt.solvers.libra_reshape`),
+:mod:`~libra_opt.solvers.libra_explain` (decision records).
+
+Beyond the thesis: a swap-in may be delayed past the peak it must cover
+(paying a stall); where a chain regenerates an evicted storage before its own
+use, the storage may be kept from there (Chen et al.'s segment-wise
+regeneration); where recomputing at the use would raise a new peak, the
+storage may be regenerated earlier, where memory is low, and kept until the use
+(*early regeneration*, Checkmate's R recomputing a value at an earlier stage),
+with a fallback descent without them for budgets they keep the descent from
+reaching; after the descent, a tensor a chain would regenerate from scratch may
+instead be kept resident past its last use until that chain (*retention*,
+Checkmate's S); in hybrid mode a *portfolio* also runs the recompute-only and
+swap-only descents and returns the cheapest simulated plan, and holds the
+built-in baselines' plans (:class:`~libra_opt.solvers.baselines.BaselinePlan`,
+built once per problem): ``swap-all``'s at every budget (two
+lowerings), and where no descent meets a budget ``checkpoint-all``'s and,
+where one of those meets it, ``chen-sqrt``'s and ``chen-greedy``'s, so hybrid
+reaches as low as every single policy and baseline and costs no more than the
+baselines it compares with; in recompute-only mode the portfolio holds
+``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
+budget (on problems of up to 1,000 nodes; on larger ones where no descent
+meets the budget).  After the undo pass, *exchange moves*
+(:mod:`~libra_opt.solvers.libra_exchange`) give back one of the most
+expensive decisions and cover the budget again with cheaper ones (several
+small recomputes instead of one large one), and a recomputation whose chain
+regenerates another evicted storage may end that storage's window there
+(both pay for one regeneration: ``_Refiner._try_merge``).
+
+Limits: greedy, so not optimal (compare ``checkmate-milp``); the estimate
+mirrors the lowering and the simulator but can drift where swap-ins collide
+with unfinished swap-outs (slow links), which the finish step repairs.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import logging
+import math
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Sequence
+
+from libra_opt.passes.bounds import memory_lower_bound
+from libra_opt.errors import InfeasibleBudgetError, SolverError
+from libra_opt.ir.problem import RematProblem
+from libra_opt.ir.schedule import Schedule, no_remat_schedule
+from libra_opt.passes.simulator import no_remat_peak, simulate
+from libra_opt.ir.units import parse_budget
+
+from ..base import Solver
+from ..baselines import BaselineCandidate, BaselinePlan
+from .finish import _Plan, _Snapshot
+from .refine import _Refiner
+from ..registry import register_solver, solver_class
+from ..result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
+
+log = logging.getLogger(__name__)
+
+POLICY_MODES = ("hybrid", "recompute", "swap")
+WINDOW_MODES = ("auto", "default", "all")
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Pause Python's cyclic garbage collector (``gc.disable``) for the
+    duration: the descent allocates millions of short-lived, acyclic objects
+    (reference counting frees them), and a full collection would otherwise
+    walk every object of the caller's process, the problem included, several
+    times per solve.  The previous state is restored on exit."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+@dataclass(frozen=True)
+class LibraOptions:
+    """Options of the ``libra`` solver.
+
+    Attributes
+    ----------
+    policy : {"hybrid", "recompute", "swap"}
+        ``"hybrid"`` (default): recompute first, swap where recomputing would
+        create a new peak or costs more; ``"recompute"`` or ``"swap"``: one
+        policy only.
+    time_limit_s : float or None
+        Limit on the refinement, seconds of compute (``None``: none), over
+        all the descents of one solve together: in hybrid mode with the
+        portfolio, each descent in turn may use an equal share of what is
+        left (time a descent does not use goes to the next).  A plan cut
+        short reports status ``"time_limit"``.
+    max_steps : int or None
+        Most refinement decisions (``None``: no limit).
+    swap_overlap_margin : float
+        Safety margin on transfers, dimensionless: a transfer is planned as if
+        it took ``1 + swap_overlap_margin`` times ``bytes / bandwidth``, so
+        swaps are only taken where they hide with that much slack.
+    swap_waits : bool or None
+        Where a swap's copy out cannot end before the peak (a forward pass
+        that produces activations faster than the link moves them), let the
+        swap wait for its copy out right before the peak (a stall, added
+        time; ``Eviction.out_wait``), so that swapping reaches budgets down
+        to the memory floor.  Only on devices whose copies overlap compute.
+        ``None`` (the default): in swap-only mode; in hybrid mode, a
+        swap-only descent with waits runs where no descent without them
+        meets the budget (the stalls rarely pay where a budget is met
+        otherwise, and such a descent takes many more steps: seconds on
+        thousands of nodes), so that hybrid reaches as low as swap-only
+        mode (on problems of more than ``LibraSolver.POOL_MAX_NODES`` nodes
+        within ``LibraSolver.SWAP_WAIT_SHARE`` of the other descents' time).  ``True`` / ``False``: every descent does / none does.
+    windows : {"auto", "default", "all"}
+        Candidate eviction windows: ``"default"`` one per storage
+        (:func:`~libra_opt.lowering.default_windows`), ``"all"`` every gap
+        between uses (:func:`~libra_opt.lowering.all_windows`); ``"auto"``
+        picks ``"all"`` for single-phase graphs and ``"default"`` otherwise.
+    undo : bool
+        Run the final pass that undoes decisions the budget does not need.
+    max_repair_steps : int
+        Most decisions added against the simulated timeline when the lowered
+        plan's simulated peak is over budget.
+    early : bool
+        Where recomputing a storage at its use would raise a new peak, try
+        regenerating it earlier, where memory is lowest between the peak and
+        the use (``Eviction.regenerate``).  Early regenerations hold memory
+        until the use, which can stop the greedy descent sooner; a budget the
+        descent then cannot reach is planned again without them.
+    retain : bool
+        Run the pass that keeps a tensor resident after its last use until a
+        recomputation chain that would otherwise regenerate it
+        (:class:`~libra_opt.lowering.Retain`), where the budget allows and
+        it saves time.  Matters most on single-phase graphs.
+    exchange : bool
+        After the undo pass, try exchange moves
+        (:mod:`~libra_opt.solvers.libra_exchange`): give back one of the
+        most expensive decisions, forbid it, and cover the budget again with
+        the descent's moves; kept where the estimated added time goes down
+        (several cheaper evictions instead of one costly one).
+    merge : bool
+        Score recomputations whose chain regenerates another evicted storage
+        with that storage's window ended at the chain (one regeneration for
+        both; ``_Refiner._try_merge``).  In recompute-only mode with the
+        portfolio, a second descent with the other setting runs too (on
+        problems of up to 1,000 nodes: the variant costs seconds on larger
+        ones) and the cheaper plan is returned (neither setting is better on
+        every graph); on two-phase problems of up to
+        ``LibraSolver.ALL_WINDOWS_MAX_NODES`` nodes (300) with ``windows="auto"``,
+        a descent over every window (``windows="all"``) too.
+    retain_inputs : bool or None
+        During the descent, score a recomputation whose chain would
+        regenerate inputs of the producer freed after their last use also
+        with those inputs kept resident until the chain (a
+        :class:`~libra_opt.lowering.Retain`), taken where that is cheaper
+        and fits under the peak (the ``retain`` pass does this only after
+        the descent, so the descent would not see the cheaper option).
+        Only with ``retain``: ``retain=False`` plans no retention at all.
+        ``None`` (the default): on problems of at most
+        ``LibraSolver.RETAIN_INPUTS_MAX_NODES`` nodes (1,000), where the
+        portfolio also runs a descent with the other setting.  On larger
+        ones the variant holds inputs at memory just under the current peak
+        over long spans, and the descent stalls above budgets it otherwise
+        meets (``h100_gpt2-medium_b8`` at 0.3 of its peak: stated infeasible,
+        0.44 of the peak, with it; planned at 0.054 s added without it).
+    portfolio : bool
+        Hybrid mode only: also refine with recomputation only and with
+        swapping only, and return the cheapest of the three plans (estimated
+        added time), so hybrid is never worse than either policy alone; and
+        compare with the built-in baselines' plans (``swap-all`` at every
+        budget; ``checkpoint-all``, ``chen-sqrt``, ``chen-greedy`` where no
+        descent meets the budget: see the module docstring).  In
+        recompute-only mode: compare with the recompute-only baselines'
+        plans (``checkpoint-all``, ``chen-sqrt``, ``chen-greedy``) at every
+        budget the descent's plan adds time at, and return the cheapest, so
+        it is never above them; on problems of more than
+        ``LibraSolver.POOL_MAX_NODES`` nodes (1,000) only where no descent
+        meets the budget (their plans cost seconds to build there).  The result's ``extras["descent"]`` says
+        which descent (or baseline) the plan came from.  ``max_steps`` and
+        ``time_limit_s`` bound the descents only.  The baselines' plans are
+        built once per problem and reused by later solves of it, and where a
+        descent's plan meets the budget, only those whose lower bound on
+        added time (the recompute time of the producers they recompute) is
+        under that plan's: the same plan is returned, without lowering and
+        simulating the baselines that cannot win.
+    """
+
+    policy: str = "hybrid"
+    time_limit_s: float | None = None
+    max_steps: int | None = None
+    swap_overlap_margin: float = 0.0
+    swap_waits: bool | None = None
+    windows: str = "auto"
+    undo: bool = True
+    max_repair_steps: int = 32
+    early: bool = True
+    retain: bool = True
+    exchange: bool = True
+    merge: bool = False
+    retain_inputs: bool | None = None
+    portfolio: bool = True
+
+    def __post_init__(self):
+        if self.policy not in POLICY_MODES:
+            raise SolverError(f"libra: policy must be one of {POLICY_MODES}, got {self.policy!r}")
+        if self.windows not in WINDOW_MODES:
+            raise SolverError(f"libra: windows must be one of {WINDOW_MODES}, got {self.windows!r}")
+        if self.time_limit_s is not None and not self.time_limit_s > 0:
+            raise SolverError(f"libra: time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 0):
+            raise SolverError(f"libra: max_steps must be a non-negative int, got {self.max_steps!r}")
+        if not (isinstance(self.swap_overlap_margin, (int, float)) and self.swap_overlap_margin >= 0):
+            raise SolverError(f"libra: swap_overlap_margin must be >= 0, got {self.swap_overlap_margin!r}")
+        if not isinstance(self.max_repair_steps, int) or self.max_repair_steps < 0:
+            raise SolverError(f"libra: max_repair_steps must be a non-negative int, got {self.max_repair_steps!r}")
+
+
+#: the built-in baselines hybrid's portfolio holds
+PORTFOLIO_BASELINES = ("swap-all", "checkpoint-all", "chen-sqrt", "chen-greedy")
+#: compared at every budget (cheap: two lowerings)
+ALWAYS_COMPARED = ("swap-all",)
+#: built where no descent meets a budget: the least memory of each policy
+REACH_BASELINES = ("swap-all", "checkpoint-all")
+#: recompute-only mode's portfolio, compared at every budget (each a recompute-only plan)
+RECOMPUTE_BASELINES = ("checkpoint-all", "chen-sqrt", "chen-greedy")
+
+# the baselines' plans per problem (budget-independent): built once, shared by later solves
+_POOL_PLANS: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
+
+
+class _BaselinePool:
+    """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.candidates`
+    and its siblings: each a fixed set of budget-independent plans), built
+    lazily, once per problem, and shared by its budgets and later solves.  A
+    plan is lowered and simulated only when asked for and, when compared with
+    a plan of the descents, only where its lower bound on added time
+    (:class:`~libra_opt.solvers.baselines.BaselineCandidate`) is below that
+    plan's: one that cannot be cheaper is never built."""
+
+    def __init__(self, problem: RematProblem):
+        self.problem = problem
+        self.floor = memory_lower_bound(problem)   # below it nothing fits: no baseline is built
+        self._cands: dict[str, list[BaselineCandidate]] = _POOL_PLANS.setdefault(problem, {})
+
+    def _failed(self, name: str, e: Exception) -> None:
+        log.warning("libra: baseline %r failed on %r (%s: %s); left out of the portfolio", name,
+                    self.problem.name, type(e).__name__, e)
+        self._cands[name] = []
+
+    def candidates(self, name: str) -> list[BaselineCandidate]:
+        """Every plan of baseline ``name``, unbuilt; none (logged) where listing them fails."""
+        if name not in self._cands:
+            try:
+                self._cands[name] = list(solver_class(name)().candidates(self.problem))
+            except Exception as e:   # a baseline's bug must not take libra's own plan down with it
+                self._failed(name, e)
+        return self._cands[name]
+
+    def plans(self, name: str, below: float | None = None) -> list[BaselinePlan]:
+        """The plans of baseline ``name`` (built on first use); with ``below``
+        (seconds), only those whose lower bound on added time is under it.
+        None (logged) where building one fails."""
+        out = []
+        for c in self.candidates(name):
+            if below is not None and c.added_s_bound - below > self.BOUND_SLACK * (self.problem.total_compute_s + below):
+                continue   # its added time is at least the bound: never cheaper than ``below``
+            try:
+                out.append(c.plan())
+            except Exception as e:   # as in candidates()
+                self._failed(name, e)
+                return []
+        return out
+
+    #: relative slack on the bounds: the simulator sums times in another order than the bound
+    BOUND_SLACK = 1e-9
+
+    def best(self, names: Sequence[str], budget: int, below: float | None = None) -> tuple[str, BaselinePlan] | None:
+        """The cheapest plan (simulated added seconds) of ``names`` within
+        ``budget`` bytes; with ``below`` (seconds), the plans whose lower bound
+        is not under it are left out (so the answer is the same wherever the
+        cheapest plan is cheaper than ``below``)."""
+        fit = [(p.simulation.added_s, k, name, p) for k, name in enumerate(names) for p in self.plans(name, below)
+               if p.simulation.peak_bytes <= budget]
+        return min(fit, key=lambda c: c[:2])[2:] if fit else None
+
+    def min_peak(self, names: Sequence[str]) -> int | None:
+        """The smallest simulated peak among the plans of ``names`` (bytes)."""
+        peaks = [p.simulation.peak_bytes for name in names for p in self.plans(name)]
+        return min(peaks) if peaks else None
+
+
+@register_solver("libra")
+class LibraSolver(Solver):
+    """Libra's greedy refinement with a hybrid swap + recompute policy.
+
+    See :mod:`libra_opt.solvers.libra` for the algorithm and
+    :class:`LibraOptions` for the options.  ``SolveResult.extras`` holds
+    ``decisions`` (one dict per eviction, with why:
+    :class:`~libra_opt.solvers.libra_explain.Decision`), ``estimated_peak_bytes``,
+    ``retained`` (one dict per :class:`~libra_opt.lowering.Retain`: tensor,
+    name, until, nbytes), ``estimated_added_s``, ``steps``, ``undone``,
+    ``repairs`` and ``policy``.
+
+    Raises
+    ------
+    InfeasibleBudgetError
+        No descent (nor, in hybrid mode, baseline) gets under the budget;
+        ``min_feasible_bytes`` is a budget a solve then meets, within 1% of
+        the smallest one found plannable (:meth:`_tightened`; as the
+        descents stated it where ``max_steps`` or ``time_limit_s`` is set).
+    """
+
+    name = "libra"
+    citation = ("Wang, Libra: Python-level tensor re-materialization for GPU memory optimization in deep "
+                "learning, NTHU 2024 (greedy refinement, hybrid recompute/swap)")
+    Options = LibraOptions
+
+    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[_Refiner]:
+        """The descents to run: the chosen policy's, plus, with ``portfolio``,
+        in hybrid mode one per single policy and recompute-only mode's extra
+        descents (a recompute-only plan is a hybrid plan); in recompute-only
+        mode (and for hybrid's recompute-only extras) one with
+        the other ``retain_inputs`` setting and, on problems of at most
+        :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
+        (greedy descents are not monotone in their moves: each of these wins
+        on some graphs); ``merge=False`` leaves that one out (the tightening:
+        a budget a subset of the descents meets, a solve meets too)."""
+        o = self._resolved(problem)
+        refs = [_Refiner(problem, o)]
+        if not o.portfolio or o.policy == "swap":
+            return refs
+        if o.policy == "hybrid":   # (waits for copies out: only as set, or as a fallback, see _fallbacks)
+            waits = bool(o.swap_waits)
+            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
+                     for pol in ("recompute", "swap")]
+            if problem.num_nodes > self.POOL_MAX_NODES:    # large problems: the three descents only (speed)
+                return refs
+            # recompute-only mode's extra descents too: a recompute-only plan is a hybrid plan, so hybrid
+            # returns none costlier than recompute-only mode finds
+            o = dataclasses.replace(o, policy="recompute")
+        base = refs[1] if self.options.policy == "hybrid" else refs[0]     # the recompute-only descent
+        if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
+            refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
+        refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
+        if o.windows == "auto" and base.mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
+            refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
+        return refs
+
+    def _resolved(self, problem: RematProblem) -> LibraOptions:
+        """The options with ``retain_inputs=None`` resolved for ``problem``'s
+        size (:attr:`RETAIN_INPUTS_MAX_NODES`)."""
+        o = self.options
+        if o.retain_inputs is None:
+            o = dataclasses.replace(o, retain_inputs=problem.num_nodes <= self.RETAIN_INPUTS_MAX_NODES)
+        return o
+
+    def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
+                   snaps: list[dict], force: bool = False) -> tuple[list[_Refiner], list[dict]]:
+        """For the budgets no descent reached: descents without early
+        regeneration, when some descent took an early regeneration (which
+        holds memory and can end a greedy descent sooner), and, with
+        ``windows="auto"``, when every descent used the default eviction windows (one per storage, from its
+        last forward use to its first backward use), one over every window
+        (a storage freed and regenerated between two backward uses: without
+        it, budgets a plan meets were stated infeasible); in hybrid mode with
+        ``swap_waits=None``, a swap-only descent that waits for copies out
+        (it reaches down to the memory floor, paying stalls; over every
+        window with ``windows="auto"``; on large problems for at most
+        :attr:`SWAP_WAIT_SHARE` of the others' time).  ``force``: for
+        every budget of ``budgets`` (their snapshots did not lower within
+        them), as a solve of several budgets runs them for one it misses."""
+        missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
+        if not missing:
+            return [], []
+        more = []
+        if any(ref.used_early for ref in refs):
+            more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
+        main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
+        if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
+            more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
+        o = self.options
+        if (o.policy == "hybrid" and o.portfolio and o.swap_waits is None and problem.device.copies_overlap_compute
+                and not any(ref.allow_wait for ref in refs)):
+            # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
+            # every window with windows="auto": swap-only mode's own fallback, which reaches lowest)
+            win = "all" if o.windows == "auto" else o.windows
+            ref = _Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
+            if o.time_limit_s is None and problem.num_nodes > self.POOL_MAX_NODES:
+                # it takes many more steps than the others: on large problems, at most as long as they took
+                ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
+            more.append(ref)
+        if not more:
+            return [], []
+        for ref in more:
+            ref.asked = set(missing)
+        return more, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs))
+
+    def _descend_all(self, refs: list[_Refiner], budgets: list[int], spent_s: float = 0.0) -> list[dict]:
+        """Run the descents one after another towards ``budgets``.  With
+        ``time_limit_s``, the limit is shared fairly: each descent may refine
+        for an equal share of what is left of it (less ``spent_s``, seconds
+        already spent by earlier descents of this solve), so a descent that
+        stops early leaves its time to the next ones and none starts with
+        nothing left while the limit is not spent."""
+        limit = self.options.time_limit_s
+        out = []
+        for k, ref in enumerate(refs):
+            if limit is not None:
+                used = spent_s + sum(r.clock_s() for r in refs[:k])
+                ref.time_limit_s = ref.clock_s() + max(limit - used, 0.0) / (len(refs) - k)
+            out.append(ref.descend(budgets))
+        return out
+
+    def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        if not problem.num_nodes:
+            return self._empty_plan(problem)
+        with _gc_paused():
+            return self._solve_one(problem, budget_bytes)
+
+    def _empty_plan(self, problem: RematProblem) -> RawSolution:
+        """A step without ops: the empty plan (peak 0, within every budget)."""
+        sched = no_remat_schedule(problem)
+        sched.meta["solver"] = self.name
+        return RawSolution(schedule=sched, message="the problem has no nodes: nothing to plan",
+                           extras=dict(decisions=[], retained=[], estimated_peak_bytes=0, estimated_added_s=0.0,
+                                       steps=0, undone=0, repairs=0, policy=self.options.policy,
+                                       descent=self.options.policy))
+
+    def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
+        pool = self._pool(problem)
+        try:
+            return self._solve_at(problem, budget_bytes, pool)
+        except InfeasibleBudgetError as e:
+            raise self._tightened(problem, e, pool) from None
+
+    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None) -> RawSolution:
+        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``."""
+        refs = self._refiners(problem)
+        snaps = self._descend_all(refs, [budget_bytes])
+        more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
+        refs, snaps = refs + more, snaps + more_snaps
+        try:
+            return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
+        except InfeasibleBudgetError:
+            if more or problem.num_nodes > self.POOL_MAX_NODES:
+                raise
+            # the descents reached the budget in their estimate but no plan lowers within it: the fallbacks
+            # too (as the tightening's several budgets run them), so that a stated minimum is met
+            more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps, force=True)
+            if not more:
+                raise
+            refs, snaps = refs + more, snaps + more_snaps
+            return self._plan(refs, [s.get(budget_bytes) for s in snaps], budget_bytes, pool)
+
+    #: recompute-only mode compares with its baselines at every budget on problems of at most this many
+    #: nodes (building their plans costs seconds on thousands of nodes); on larger ones only where no
+    #: descent meets the budget
+    POOL_MAX_NODES = 1000
+    #: ``retain_inputs=None`` scores retained chain inputs during the descents on problems of at most
+    #: this many nodes (see ``LibraOptions.retain_inputs``)
+    RETAIN_INPUTS_MAX_NODES = 1000
+    #: recompute-only mode's portfolio adds a descent over every eviction window (``windows="all"``) on
+    #: two-phase problems of at most this many nodes (the default windows miss gaps inside a phase)
+    ALL_WINDOWS_MAX_NODES = 300
+    #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
+    #: share of the cheapest one's
+    EXCHANGE_SPAN = 0.05
+    #: on problems of more than ``POOL_MAX_NODES`` nodes, hybrid's fallback swap-only descent that waits
+    #: for copies out (``LibraOptions.swap_waits``) refines for at most this share of the seconds the
+    #: other descents took (at least 1 s): it takes many more steps (minutes on thousands of nodes)
+    SWAP_WAIT_SHARE = 1.0
+    #: rounds of the tightening of a stated minimum budget (each one set of descents)
+    TIGHTEN_ROUNDS = 3
+    #: budgets planned per round
+    TIGHTEN_GRID = 24
+    #: a stated minimum ``m`` is tight when 0.99 ``m`` is at or under a budget found infeasible
+    TIGHTEN_REL = 0.01
+    _tight_detail = "the smallest budget it plans, verified"
+
+    def _first_planned(self, problem: RematProblem, budgets: list[int],
+                       pool: _BaselinePool | None) -> tuple[int | None, int | None]:
+        """The smallest of ``budgets`` found met, by bisection, from one set
+        of descents recording all of them (as :meth:`solve_many`; equal to
+        single solves), and the highest budget tried and found not met below
+        it (``None``: none was tried there).  ``(None, highest tried)`` where
+        none is met.  Bisection lowers at most ``log2(len(budgets)) + 1``
+        budgets (each one the finish step of every descent: seconds on
+        thousands of nodes) where a scan from the smallest lowered all the
+        infeasible ones; where being met is not monotone in the budget, the
+        budget it returns is still one a solve meets."""
+        refs = self._refiners(problem, merge=False)
+        snaps = self._descend_all(refs, budgets)
+        more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
+        refs, snaps = refs + more, snaps + more_snaps
+        grid = sorted(budgets)
+        lo, hi, failed = -1, len(grid), None      # grid[hi] met (hi == len: none found yet); grid[lo] not met
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            try:
+                self._plan(refs, [s.get(grid[mid]) for s in snaps], grid[mid], pool, met_only=True)
+                hi = mid
+            except InfeasibleBudgetError:
+                lo, failed = mid, grid[mid]
+        return (grid[hi] if hi < len(grid) else None), failed
+
+    def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError,
+                   pool: _BaselinePool | None) -> InfeasibleBudgetError:
+        """``err`` with a ``min_feasible_bytes`` that is a budget this solver
+        then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
+
+        The descents' stated minimum (the simulated peak of their lowest plan)
+        may not be met by a solve at it, and is often above budgets a solve
+        meets.  Each round plans a geometric grid of :attr:`TIGHTEN_GRID`
+        budgets from the highest budget known infeasible (at least the memory
+        floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
+        known plannable, from one set of descents, and finds the smallest one
+        met by bisection (:meth:`_first_planned`); at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
+        Where the stated minimum itself is not met, the next round looks
+        above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
+        minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
+        descents."""
+        if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
+            return err
+        floor = memory_lower_bound(problem)
+        lo, hi = max(int(err.budget_bytes), floor - 1), int(err.min_feasible_bytes)
+        verified, rounds, peak = False, 0, no_remat_peak(problem)
+        while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
+            rounds += 1
+            k = self.TIGHTEN_GRID
+            grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
+                                                     * i / k))), lo + 1), hi) for i in range(1, k + 1)})
+            found, failed = self._first_planned(problem, grid, pool)
+            if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
+                if hi >= peak:
+                    break
+                lo, hi = hi, peak
+                continue
+            lo, hi, verified = max(lo, failed if failed is not None else lo), found, True
+        if not verified:
+            return err
+        return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
+                                     f"{self._tight_detail} ({rounds} rounds; the highest budget found infeasible "
+                                     f"is {lo} bytes)")
+
+    def _pool(self, problem: RematProblem) -> _BaselinePool | None:
+        """The baselines' plans the portfolio compares with: hybrid's, or in
+        recompute-only mode :data:`RECOMPUTE_BASELINES` (``None`` without the
+        portfolio, or in swap-only mode)."""
+        if self.options.policy != "swap" and self.options.portfolio:
+            return _BaselinePool(problem)
+        return None
+
+    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
+              pool: _BaselinePool | None = None, met_only: bool = False) -> RawSolution:
+        """The cheapest simulated plan among the descents' snapshots for
+        ``budget`` (after the undo pass) that lowers within it; failing that,
+        the end of a descent (with, then without the undo pass).  With a
+        baseline ``pool`` (hybrid's portfolio), a baseline's plan where it is
+        cheaper: ``swap-all``'s at every budget; where no descent meets the
+        budget, ``swap-all``'s or ``checkpoint-all``'s (the least memory of
+        each policy) and, where one of them meets it, the cheapest of every
+        baseline's that does (recompute-only mode: see ``LibraOptions.portfolio``).
+        ``met_only``: only whether the budget is met (the tightening): the
+        first plan found within it, without exchange moves or the passes
+        that only save time (``polish=False`` of ``_Refiner.prepare``), and
+        the baselines only where no descent meets it."""
+        found = self._libra_plan(refs, snaps, budget, met_only)
+        if met_only and found is not None:
+            return found
+        recompute = self.options.policy == "recompute"
+        if pool is not None and budget >= pool.floor:
+            small = pool.problem.num_nodes <= self.POOL_MAX_NODES
+            # where a descent's plan is found, only baselines' plans that can be cheaper are built
+            below = found.simulation.added_s if found is not None else None
+            if recompute and (found is None or small):
+                hit = pool.best(RECOMPUTE_BASELINES, budget, below) if found is None or below > 0 else None
+            elif recompute:
+                hit = None
+            elif found is not None and small:   # hybrid: every baseline, as recompute-only mode compares its own
+                hit = pool.best(PORTFOLIO_BASELINES, budget, below) if below > 0 else None
+            else:
+                hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget, below)
+            if found is None and hit is not None and not recompute:
+                hit = pool.best(PORTFOLIO_BASELINES, budget)   # one meets it: the checkpointing ones may be cheaper
+            if hit is not None and (found is None or hit[1].simulation.added_s < found.simulation.added_s):
+                return self._baseline_raw(*hit)
+        if found is not None:
+            return found
+        least = min(ref.min_feasible_bytes() for ref in refs)
+        if pool is not None:
+            least = min(least, pool.min_peak(RECOMPUTE_BASELINES if recompute else REACH_BASELINES) or least)
+        raise InfeasibleBudgetError(budget, least, self.name,
+                                    f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
+                                    + (", and the baselines of the portfolio" if pool is not None else ""))
+
+    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int, met_only: bool = False
+                    ) -> RawSolution | None:
+        """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
+        polish = not met_only
+        cands = []
+        for k, (ref, snap) in enumerate(zip(refs, snaps)):
+            if snap is not None:
+                prepared = ref.prepare(snap, budget, exchange=False, polish=polish)
+                cands.append((prepared[0].added_s(), k, prepared))
+        if self.options.exchange and polish and cands:
+            # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
+            # (the plans without them stay candidates: the estimate can drift from the simulation)
+            top = min(c[0] for c in cands)
+            for est, k, _ in list(cands):
+                if est <= top * (1 + self.EXCHANGE_SPAN):
+                    prepared = refs[k].prepare(snaps[k], budget, exchange=True)
+                    if prepared[0].added_s() < est:
+                        cands.append((prepared[0].added_s(), k, prepared))
+        best = None
+        cands.sort(key=lambda c: c[:2])
+        for i, (est, k, prepared) in enumerate(cands):
+            if best is not None and (met_only or est >= best[0].simulation.added_s
+                                     and not prepared[0].swap.pessimistic):
+                break   # its estimate is not pessimistic and already no better than a simulated plan
+            plan = refs[k].realize(prepared, snaps[k], budget)
+            if plan is None:
+                continue
+            if best is None or plan.simulation.added_s < best[0].simulation.added_s:
+                best = (plan, k)
+        if best is not None:
+            return self._raw(best[0], refs[best[1]].opts.policy)
+        for ref in refs:
+            final = ref.final()
+            if ref.min_feasible_bytes() <= budget:
+                plan = (ref.finish(final, budget, polish=polish) or ref.finish(final, budget, undo=False, repair=False)
+                        or ref.as_lowered(final))   # the plan min_feasible_bytes measured
+                return self._raw(plan, ref.opts.policy)
+        # the end of a descent over the budget as it is can fit once the undo pass gives back the
+        # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
+        for ref in refs:
+            final = ref.final()
+            prepared = ref.prepare(final, budget, exchange=False, polish=False)
+            if prepared[0].peak()[0] <= budget:   # the passes that save time keep it within the budget
+                if polish:
+                    prepared = ref.prepare(final, budget, exchange=False)
+                plan = ref.realize(prepared, final, budget)
+                if plan is not None and (best is None or plan.simulation.added_s < best[0].simulation.added_s):
+                    best = (plan, ref)
+                    if met_only:
+                        break
+        if best is not None:
+            return self._raw(best[0], best[1].opts.policy)
+        return None
+
+    def _baseline_raw(self, name: str, plan: BaselinePlan) -> RawSolution:
+        """A baseline's plan as this solver's result (``extras["descent"]`` is the baseline's name)."""
+        sim = plan.simulation
+        extras = dict(decisions=[], retained=[], estimated_peak_bytes=int(sim.peak_bytes),
+                      estimated_added_s=float(sim.added_s), steps=0, undone=0, repairs=0,
+                      policy=self.options.policy, descent=name, baseline=dict(plan.extras))
+        sched = Schedule(plan.schedule.instructions, dict(plan.schedule.meta, solver=self.name))
+        sched.meta["libra"] = dict(policy=self.options.policy, descent=name, decisions=[])
+        return RawSolution(schedule=sched, status=FEASIBLE, message=f"the {name} baseline's plan: {plan.message}",
+                           extras=extras, simulation=sim)
+
+    def _raw(self, plan: _Plan, descent: str) -> RawSolution:
+        decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
+        est_peak = plan.timeline.peak()[0]
+        tensors = plan.timeline.problem.tensors
+        retained = [dict(tensor=r.tensor, name=tensors[r.tensor].name, until=r.until,
+                         nbytes=int(tensors[tensors[r.tensor].storage].nbytes)) for r in plan.timeline.retentions()]
+        extras = dict(decisions=decisions, retained=retained, estimated_peak_bytes=int(est_peak),
+                      estimated_added_s=float(plan.timeline.added_s()), steps=plan.snapshot.step,
+                      undone=plan.undone, repairs=plan.repairs, policy=self.options.policy, descent=descent)
+        sched = plan.schedule
+        sched.meta["solver"] = self.name
+        sched.meta["libra"] = dict(policy=self.options.policy, descent=descent, decisions=decisions)
+        status = TIME_LIMIT if plan.snapshot.cut_short and self.options.time_limit_s is not None else FEASIBLE
+        msg = (f"{len(decisions)} evictions after {plan.snapshot.step} refinement steps "
+               f"({plan.undone} undone, {plan.repairs} repairs)")
+        return RawSolution(schedule=sched, status=status, message=msg, extras=extras, simulation=plan.simulation)
+
+    def solve_many(self, problem: RematProblem, budgets: Sequence, *, raise_on_infeasible: bool = False
+                   ) -> list[SolveResult]:
+        """One result per budget, in the order given, from **one** descent: the
+        decision set is recorded when the peak first drops under each budget,
+        and finished exactly as :meth:`solve` would (equal results), except
+        that the sweep is monotone in cost: where a lower budget's plan is
+        cheaper, it is returned for the higher budget too (it fits;
+        ``extras["from_budget_bytes"]`` says where it was planned).
+
+        Parameters
+        ----------
+        problem : RematProblem
+        budgets : sequence of int or float or str
+            As for :meth:`solve` (bytes, ``"12GiB"``, ``"60%"``, fractions).
+        raise_on_infeasible : bool
+            Raise :class:`~libra_opt.errors.InfeasibleBudgetError` on the first
+            infeasible budget instead of returning an ``"infeasible"`` result.
+
+        Returns
+        -------
+        list of SolveResult
+        """
+        self._check_available()
+        ref_peak = no_remat_peak(problem)
+        bb = [parse_budget(b, ref_peak) for b in budgets]
+        with _gc_paused(), self.internal_errors(problem):
+            return self._solve_many(problem, bb, raise_on_infeasible)
+
+    def _solve_many(self, problem: RematProblem, bb: list[int], raise_on_infeasible: bool) -> list[SolveResult]:
+        if not problem.num_nodes:
+            return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
+        refs = self._refiners(problem)
+        snaps = self._descend_all(refs, bb)
+        more, more_snaps = self._fallbacks(problem, refs, bb, snaps)
+        refs, snaps = refs + more, snaps + more_snaps
+        spent = [ref.clock_s() for ref in refs]
+        pool = self._pool(problem)
+        out, missed = [], []
+        for b in bb:
+            t1 = time.perf_counter()
+            these = [s.get(b) for s in snaps]
+            # this budget's own time: each descent's clock when it first got under b (all of it
+            # where it was asked for b and never got there), then b's own finishing below
+            base_s = sum(snap.elapsed_s if snap is not None else (spent[k] if ref.asked is None or b in ref.asked else 0.0)
+                         for k, (ref, snap) in enumerate(zip(refs, these)))
+            try:
+                raw = self._plan(refs, these, b, pool)
+            except InfeasibleBudgetError as e:
+                if raise_on_infeasible:
+                    raise self._tightened(problem, e, pool) from None
+                missed.append((len(out), e, base_s + time.perf_counter() - t1))
+                out.append(None)
+                continue
+            out.append(self._finish(problem, b, raw, base_s + time.perf_counter() - t1))
+        if missed:   # one tightening for the sweep, from its highest infeasible budget
+            t1 = time.perf_counter()
+            top = max(missed, key=lambda m: m[1].budget_bytes)
+            tight = self._tightened(problem, top[1], pool)
+            extra_s = time.perf_counter() - t1
+            for i, e, s in missed:
+                if tight is not top[1]:
+                    e = InfeasibleBudgetError(e.budget_bytes, tight.min_feasible_bytes, self.name, self._tight_detail)
+                out[i] = self._infeasible(e.budget_bytes, e, s + (extra_s if e.budget_bytes == top[1].budget_bytes else 0.0))
+        return self._monotone(problem, out)
+
+    def _monotone(self, problem: RematProblem, results: list[SolveResult]) -> list[SolveResult]:
+        """Make the sweep monotone in cost: a plan for a lower budget fits every
+        higher one, so where the plan found for a budget costs more (simulated
+        added time) than one found for a lower budget, the cheaper plan is
+        returned for it too, re-simulated against the higher budget
+        (``extras["from_budget_bytes"]`` names the budget it was planned for).
+        A budget left without a plan of its own gets a lower budget's plan the
+        same way.  A cumulative minimum over the budgets from low to high."""
+        best = None
+        out = list(results)
+        for i in sorted(range(len(out)), key=lambda k: out[k].budget_bytes):
+            r = out[i]
+            if best is None or (r.schedule is not None and r.added_s <= best.added_s):
+                if r.schedule is not None:
+                    best = r
+                continue
+            sched = Schedule(best.schedule.instructions, dict(best.schedule.meta, budget_bytes=int(r.budget_bytes)))
+            sim = simulate(problem, sched, budget=r.budget_bytes)
+            extras = dict(best.extras, from_budget_bytes=int(best.budget_bytes))
+            out[i] = dataclasses.replace(best, schedule=sched, budget_bytes=r.budget_bytes, simulation=sim,
+                                         peak_bytes=sim.peak_bytes, time_s=sim.time_s, added_s=sim.added_s,
+                                         solve_s=r.solve_s, extras=extras,
+                                         message=f"{best.message}; the plan found for the lower budget of "
+                                                 f"{best.budget_bytes} bytes ("
+                                                 + ("cheaper than this budget's own)" if r.schedule is not None
+                                                    else "this budget's own descent found none)"))
+        return out
+
+
+__all__ = ["LibraSolver", "LibraOptions"]

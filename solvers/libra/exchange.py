@@ -207,7 +207,7 @@ def _cover_windows(ref: "_Refiner", budget: int) -> list[int] | None:
     cheap recomputes instead of the best-ratio ones."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    from .libra_refine import _fresh_timeline
+    from .refine import _fresh_timeline
 
     tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
     mem = tl.memory()
@@ -249,7 +249,7 @@ def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
     (chains that need evicted inputs, points a chain raises) and the undo
     pass; ``None`` where the program has no solution or the plan does not
     get within ``budget``."""
-    from .libra_refine import _fresh_timeline
+    from .refine import _fresh_timeline
 
     if not ref.allow_rec or ref.mode != "default":
         return None   # single-phase graphs ("all" windows): long chains, far from the additive model

@@ -340,7 +340,7 @@ def test_libra_pool_builds_only_plans_that_can_win():
     """``libra``'s baseline pool with ``below`` returns the same cheapest plan as without it wherever that
     plan is cheaper than ``below``, and builds no plan whose bound is above ``below``."""
     from libra_opt.simulator import no_remat_peak
-    from libra_opt.solvers.libra import RECOMPUTE_BASELINES, _BaselinePool, _POOL_PLANS
+    from libra_opt.solvers.libra.solver import RECOMPUTE_BASELINES, _BaselinePool, _POOL_PLANS
     for p in _bound_problems():
         peak = no_remat_peak(p)
         full = _BaselinePool(p)

@@ -753,6 +753,7 @@ class LibraSolver(Solver):
             return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
         refs = self._refiners(problem)
         snaps = self._descend_all(refs, bb)
+        base = (list(refs), list(snaps))
         more, more_snaps = self._fallbacks(problem, refs, bb, snaps)
         refs, snaps = refs + more, snaps + more_snaps
         spent = [ref.clock_s() for ref in refs]
@@ -774,6 +775,8 @@ class LibraSolver(Solver):
                 out.append(None)
                 continue
             out.append(self._finish(problem, b, raw, base_s + time.perf_counter() - t1))
+        if missed and problem.num_nodes <= self.POOL_MAX_NODES:
+            missed = self._forced(problem, base, bb, missed, out, pool)
         if missed:   # one tightening for the sweep, from its highest infeasible budget
             t1 = time.perf_counter()
             top = max(missed, key=lambda m: m[1].budget_bytes)
@@ -784,6 +787,34 @@ class LibraSolver(Solver):
                     e = InfeasibleBudgetError(e.budget_bytes, tight.min_feasible_bytes, self.name, self._tight_detail)
                 out[i] = self._infeasible(e.budget_bytes, e, s + (extra_s if e.budget_bytes == top[1].budget_bytes else 0.0))
         return self._monotone(problem, out)
+
+    def _forced(self, problem: RematProblem, base: tuple, bb: list[int], missed: list, out: list,
+                pool: _BaselinePool | None) -> list:
+        """As a single solve does (:meth:`_solve_at`): for the budgets of a
+        sweep the descents reached in their estimate but no plan lowered
+        within, the fallback descents too (forced), from the first descents
+        alone; fills ``out`` where a plan is found and returns the budgets
+        still missed."""
+        refs, snaps = base
+        todo = [(i, e, s) for i, e, s in missed if any(sn.get(bb[i]) is not None for sn in snaps)]
+        if not todo:
+            return missed
+        t0 = time.perf_counter()
+        more, more_snaps = self._fallbacks(problem, refs, [bb[i] for i, _, _ in todo], snaps, force=True)
+        if not more:
+            return missed
+        refs, snaps = refs + more, snaps + more_snaps
+        extra = (time.perf_counter() - t0) / len(todo)
+        still = [m for m in missed if m not in todo]
+        for i, e, s in todo:
+            b, t1 = bb[i], time.perf_counter()
+            try:
+                raw = self._plan(refs, [sn.get(b) for sn in snaps], b, pool)
+            except InfeasibleBudgetError as e2:
+                still.append((i, e2, s + extra + time.perf_counter() - t1))
+                continue
+            out[i] = self._finish(problem, b, raw, s + extra + time.perf_counter() - t1)
+        return sorted(still, key=lambda m: m[0])
 
     def _monotone(self, problem: RematProblem, results: list[SolveResult]) -> list[SolveResult]:
         """Make the sweep monotone in cost: a plan for a lower budget fits every

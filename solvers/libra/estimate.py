@@ -42,6 +42,7 @@ incremental re-simulation of the greedy refinement; the lowering rules of
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -206,6 +207,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         self.swap = self._swap_layer(np.zeros(0, dtype=np.int64), self.regen_time)
         self.pos = {}
         self._hyp = None
+        self._journal: dict | None = None   # see recording()
         self.version = 0
 
     def copy(self) -> "Timeline":
@@ -386,10 +388,10 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             new_swap = self._swap_layer(ids, self.regen_time, (j, floor if policy == SWAP else 0), (j, wait))
             hyp_pos = dict(zip(new_swap.ids.tolist(), new_swap.prefetch.tolist()))
             old_pos = self.sw_pos[new_swap.ids]
-            for k in new_swap.ids[(old_pos != new_swap.prefetch) & (new_swap.ids != j)].tolist():
-                for q in self.touch.get(int(self.w_s[k]), ()):   # chains reading swaps whose prefetch moved
-                    if self.w_a[k] < q <= self.w_maxhi[k]:
-                        pts.add(q)
+            moved = (old_pos != new_swap.prefetch) & (new_swap.ids != j)
+            for k, was, now in zip(new_swap.ids[moved].tolist(), old_pos[moved].tolist(),
+                                   new_swap.prefetch[moved].tolist()):
+                self._add_crossed(pts, k, was, now)   # chains reading swaps whose prefetch moved past them
         self._hyp = (j, policy, s, hyp_pos)
         try:
             chains = {q: self.chain_at(q) for q in sorted(pts)}
@@ -491,7 +493,32 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         self.version += 1
         return eff
 
+    @contextmanager
+    def recording(self):
+        """Record the chains replaced inside the block (position -> chain
+        before the block), for :meth:`restore_chains`: a trial change taken
+        back (``move_end(..., replay=False)``, ``retain(..., replay=False)``)
+        then puts its chains back without replaying them.  Yields the
+        journal (a dict)."""
+        journal: dict = {}
+        outer, self._journal = self._journal, journal
+        try:
+            yield journal
+        finally:
+            self._journal = outer
+
+    def restore_chains(self, journal: dict) -> None:
+        """Put back the chains recorded by :meth:`recording`, once the
+        decisions, windows and retentions are back as they were before it: the
+        chains a replay would give, as the estimate's chains are a function
+        of that state (:meth:`chain_at`)."""
+        for q, ch in journal.items():
+            self._set_chain(q, ch)
+
     def _set_chain(self, q: int, ch: Chain | None) -> None:
+        jr = self._journal
+        if jr is not None and q not in jr:
+            jr[q] = self.chains.get(q)
         old = self.chains.pop(q, None)
         if old is not None:
             self._dirty.update(old.touched)
@@ -516,6 +543,20 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         for s, off in ch.waits:
             self.waits.setdefault(s, {})[q] = off
 
+    def _add_crossed(self, pts: set[int], k: int, was: int | None, now: int) -> None:
+        """Add to ``pts`` the chains of swap window ``k`` whose replay may
+        change when its swap-in moves from position ``was`` (``None``: not
+        swapped before) to ``now``.  A chain before position ``q`` reads the
+        swap-in position only through which side of ``q`` it is on (``_st``:
+        arriving where ``q`` is after it; ``_storage_off``: off where ``q`` is
+        before it), so chains on the same side of both are unchanged."""
+        lo, hi = self.w_a[k], self.w_maxhi[k]
+        if was is None:
+            pts.update(q for q in self.touch.get(int(self.w_s[k]), ()) if lo < q <= hi)
+            return
+        a, b = (was, now) if was < now else (now, was)
+        pts.update(q for q in self.touch.get(int(self.w_s[k]), ()) if lo < q <= hi and a <= q <= b)
+
     def _set_swap(self, layer: SwapLayer) -> bool:
         """Install ``layer``; re-replay the chains whose reads of a swapped
         storage moved relative to its prefetch.  Returns whether any was."""
@@ -527,12 +568,11 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         self.sw_pos[:] = -1
         self.sw_r0[layer.ids] = layer.r0
         self.sw_pos[layer.ids] = layer.prefetch
-        moved = [k for k, v in self.pos.items() if old_pos.get(k) != v]
-        pts = set()
-        for k in moved:
-            for q in self.touch.get(int(self.w_s[k]), ()):
-                if self.w_a[k] < q <= self.w_maxhi[k]:
-                    pts.add(q)
+        pts: set[int] = set()
+        for k, v in self.pos.items():
+            was = old_pos.get(k)
+            if was != v:
+                self._add_crossed(pts, k, was, v)
         for q in sorted(pts):
             self._set_chain(q, self.chain_at(q))
         return bool(pts)

@@ -190,12 +190,14 @@ class Finisher:
             if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
                 continue
             cost, old = tl.added_s(), tl.t_until.get(t)
-            tl.retain(t, q)
+            with tl.recording() as journal:
+                tl.retain(t, q)
             mem = tl.memory()
             if int(mem.max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
                 done += 1
                 continue
-            tl.retain(t, old)   # over budget or no gain: as it was
+            tl.retain(t, old, replay=False)   # over budget or no gain: as it was
+            tl.restore_chains(journal)
             mem = tl.memory()
         if done and tl.swap.ids.size:
             tl.refresh_swaps()
@@ -239,12 +241,14 @@ class Finisher:
                 made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
                 cost = tl.added_s()
                 old = tl.window_state(j)
-                tl.move_end(j, q, made)
+                with tl.recording() as journal:
+                    tl.move_end(j, q, made)
                 if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
                     records[j] = dataclasses.replace(records[j], before=q)
                     done += 1
                     break
-                tl.move_end(j, state=old)   # no gain or over budget: back to the window it had
+                tl.move_end(j, state=old, replay=False)   # no gain or over budget: back to the window it had
+                tl.restore_chains(journal)
         if done and tl.swap.ids.size:
             tl.refresh_swaps()
         return done

@@ -406,7 +406,8 @@ class _Refiner(Finisher):
                     tries += 1
                     made = [t for t in ch.made if tl.t_storage[t] == s2]
                     before, old, b_k = tl.added_s(), tl.window_state(k), int(tl.w_b[k])
-                    tl.move_end(k, q, made)
+                    with tl.recording() as journal:
+                        tl.move_end(k, q, made)
                     try:
                         mem = tl.memory()
                         hold = int(mem[q:b_k].max()) if b_k > q else 0
@@ -419,7 +420,8 @@ class _Refiner(Finisher):
                                 limit is None or max(e2.raised_max, hold) < limit):
                             ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None, ("merge", k, q, made)))
                     finally:
-                        tl.move_end(k, state=old)
+                        tl.move_end(k, state=old, replay=False)
+                        tl.restore_chains(journal)
 
     def _try_retain(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
         """Recomputation variant of kept window ``j`` for when its chain (``e``)
@@ -445,9 +447,10 @@ class _Refiner(Finisher):
         a, b, nbytes = int(tl.w_a[j]), int(tl.w_b[j]), int(tl.w_bytes[j])
         done = []
         try:
-            for t, q in rets.items():
-                tl.retain(t, q)
-                done.append(t)
+            with tl.recording() as journal:
+                for t, q in rets.items():
+                    tl.retain(t, q)
+                    done.append(t)
             e2 = tl.evaluate(j, REC)
             if not e2.feasible:
                 return
@@ -468,7 +471,8 @@ class _Refiner(Finisher):
                            ("retain", tuple(rets.items()))))
         finally:
             for t in reversed(done):
-                tl.retain(t, None)
+                tl.retain(t, None, replay=False)
+            tl.restore_chains(journal)
 
     def _try_early(self, tl: Timeline, j: int, p: int, m_p: int, limit: int, ok: list) -> None:
         """Recomputation variant of window ``j`` for when recomputing at the use

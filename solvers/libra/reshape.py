@@ -84,12 +84,14 @@ class Reshaper:
         (after trying another end with :meth:`set_before`)."""
         self.w_b[j], self.w_hi[j], self.w_pts[j], self.w_maxhi[j] = state
 
-    def move_end(self, j: int, q: int | None = None, regenerated: list[int] = (), state: tuple | None = None
-                 ) -> None:
+    def move_end(self, j: int, q: int | None = None, regenerated: list[int] = (), state: tuple | None = None,
+                 replay: bool = True) -> None:
         """Move the end of recomputed window ``j`` to position ``q`` (as
         :meth:`set_before`), or back to a ``state`` from :meth:`window_state`,
         and update the timeline: the same result as undoing the decision,
-        moving the end and recomputing again, in one pass over the chains."""
+        moving the end and recomputing again, in one pass over the chains.
+        ``replay=False`` leaves the chains to the caller (a trial taken back:
+        ``Timeline.restore_chains``)."""
         if self.pol[j] != REC:
             raise ValueError("move_end needs a recomputed window")
         a, nbytes = int(self.w_a[j]), int(self.w_bytes[j])
@@ -104,9 +106,10 @@ class Reshaper:
         b = int(self.w_b[j])
         self.R_rec[a + 1:b] += nbytes
         self.C[a + 1:b] -= nbytes
-        pts |= self._affected(j)
-        for x in sorted(pts):
-            self._set_chain(x, self.chain_at(x))
+        if replay:
+            pts |= self._affected(j)
+            for x in sorted(pts):
+                self._set_chain(x, self.chain_at(x))
         self.version += 1
 
     def retentions(self) -> list[Retain]:
@@ -151,7 +154,7 @@ class Reshaper:
         return bool(self.t_act[t] and not self.t_out[t]
                     and all(int(self.w_b[j]) <= self.t_last[t] for j in self.s_win.get(self.t_storage[t], ())))
 
-    def retain(self, t: int, until: int | None) -> None:
+    def retain(self, t: int, until: int | None, replay: bool = True) -> None:
         """Keep tensor ``t`` resident after its last use through position
         ``until`` (``None``: back to its last use), and update the timeline:
         memory over the extra positions, and the chains there that read or
@@ -160,7 +163,8 @@ class Reshaper:
         A storage with eviction windows may be retained after them (all end
         at or before its last use): regenerated at a window's end, it then
         stays until ``until`` (the lowering allows an eviction and a
-        retention that do not overlap).
+        retention that do not overlap).  ``replay=False`` leaves the chains
+        to the caller (a trial taken back: ``Timeline.restore_chains``).
 
         Raises
         ------
@@ -194,9 +198,10 @@ class Reshaper:
             self.C[old_end + 1:new_end + 1] += nbytes
         elif new_end < old_end:
             self.C[new_end + 1:old_end + 1] -= nbytes
-        lo, hi = min(old, self.t_last_eff[t]), max(old, self.t_last_eff[t])
-        for q in sorted(q for q in self.touch.get(s, ()) if lo < q <= hi):
-            self._set_chain(q, self.chain_at(q))
+        if replay:
+            lo, hi = min(old, self.t_last_eff[t]), max(old, self.t_last_eff[t])
+            for q in sorted(q for q in self.touch.get(s, ()) if lo < q <= hi):
+                self._set_chain(q, self.chain_at(q))
         self.version += 1
 
     def early_targets(self, q: int) -> list[int]:

@@ -126,9 +126,9 @@ class ChainReplay:
         for u in needed:
             pending[u] = pending.get(u, 0) + 1
         made: set[int] = set()
-        resident: set[int] = set()      # tensors made resident by the chain
+        resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
         refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
-        pre_alloc: dict[int, bool] = {}
+        pre_alloc: dict[int, bool] = {}  # storage -> allocated before the chain
         touched = set()
         cur = peak = 0
         time_s = 0.0
@@ -138,78 +138,78 @@ class ChainReplay:
         nb = self.t_nbytes
         t_out, t_act, views, last_eff = self.t_out, self.t_act, self.views, self.t_last_eff
         storage_off = self._storage_off
-
-        def live(t):
-            return t in resident or stc(t) == _LIVE
-
-        def allocated_before(s):
-            v = pre_alloc.get(s)
-            if v is None:
-                v = pre_alloc[s] = any(stc(t) == _LIVE for t in views[s]) or (
-                    t_act[s] and any(stc(t) == _ARRIVING for t in views[s]))
-            return v
-
-        def add(t):
-            nonlocal cur
-            resident.add(t)
-            made.add(t)
-            s = tsto[t]
-            touched.add(s)
-            if refs.get(s, 0) == 0 and not allocated_before(s):
-                cur += nb[s]
-            refs[s] = refs.get(s, 0) + 1
-
-        def drop(cands):
-            nonlocal cur
-            for t in cands:
-                if t in made and t in resident and pending.get(t, 0) == 0 and not t_out[t] and (
-                        last_eff[t] <= q or storage_off(tsto[t], q)):
-                    resident.discard(t)
-                    s = tsto[t]
-                    refs[s] -= 1
-                    if refs[s] == 0 and not allocated_before(s):
-                        cur -= nb[s]
-
         n_outputs, n_recomp, n_time, n_ws = self.n_outputs, self.n_recomp, self.n_rtime, self.n_ws
+        h2d, margin1 = self.h2d, 1.0 + self.margin
+        # the closures of the earlier version (live / add / drop / allocated_before) are inlined below: this
+        # loop runs for every candidate evaluation of the descents and the finish
         for sw, x in steps:
             if sw:
-                if live(x):
+                if x in resident or stc(x) == _LIVE:
                     continue
-                if stc(x) != _ARRIVING:
-                    add(x)
-                    time_s += nb[x] / self.h2d * (1.0 + self.margin)
-                    peak = max(peak, cur)
-                else:
+                if stc(x) == _ARRIVING:   # waits for its prefetch in flight: allocated already
                     waits.append((x, time_s))
                     resident.add(x)
                     made.add(x)
                     touched.add(x)
                     refs[x] = refs.get(x, 0) + 1
-                drop([x])
-                continue
-            outs = n_outputs[x]
-            if all(live(t) for t in outs):
-                continue
-            if not n_recomp[x]:
-                feasible = False
-            nodes.append(x)
-            time_s += n_time[x]
-            transient = n_ws[x]
-            new = []
-            for t in outs:
-                if live(t):
-                    transient += nb[t]
+                    new = ()
                 else:
-                    new.append(t)
-            for t in new:
-                add(t)
-            peak = max(peak, cur + transient)
-            ins = n_inputs[x]
-            for u in ins:
-                pending[u] -= 1
-                if t_act[u]:
-                    touched.add(tsto[u])
-            drop(list(ins) + new)
+                    new = (x,)
+            else:
+                outs = n_outputs[x]
+                new = []
+                transient = n_ws[x]
+                for t in outs:
+                    if t in resident or stc(t) == _LIVE:
+                        transient += nb[t]
+                    else:
+                        new.append(t)
+                if not new:
+                    continue
+                if not n_recomp[x]:
+                    feasible = False
+                nodes.append(x)
+                time_s += n_time[x]
+            for t in new:                    # add(t)
+                resident.add(t)
+                made.add(t)
+                s = tsto[t]
+                touched.add(s)
+                r = refs.get(s, 0)
+                if r == 0:
+                    ab = pre_alloc.get(s)
+                    if ab is None:
+                        ab = pre_alloc[s] = any(stc(u) == _LIVE for u in views[s]) or (
+                            t_act[s] and any(stc(u) == _ARRIVING for u in views[s]))
+                    if not ab:
+                        cur += nb[s]
+                refs[s] = r + 1
+            if sw:
+                if new:   # a synchronous swap-in
+                    time_s += nb[x] / h2d * margin1
+                    peak = max(peak, cur)
+                cands = (x,)
+            else:
+                peak = max(peak, cur + transient)
+                ins = n_inputs[x]
+                for u in ins:
+                    pending[u] -= 1
+                    if t_act[u]:
+                        touched.add(tsto[u])
+                cands = (*ins, *new)
+            for t in cands:                  # drop(cands)
+                if t in resident and pending.get(t, 0) == 0 and not t_out[t] and (
+                        last_eff[t] <= q or storage_off(tsto[t], q)):
+                    resident.discard(t)
+                    s = tsto[t]
+                    refs[s] -= 1
+                    if refs[s] == 0:
+                        ab = pre_alloc.get(s)
+                        if ab is None:
+                            ab = pre_alloc[s] = any(stc(u) == _LIVE for u in views[s]) or (
+                                t_act[s] and any(stc(u) == _ARRIVING for u in views[s]))
+                        if not ab:
+                            cur -= nb[s]
         for t in missing:
             touched.add(tsto[t])
         return Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),

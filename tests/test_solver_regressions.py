@@ -44,6 +44,26 @@ def test_libra_hybrid_on_a_large_profile_is_no_costlier_than_recompute_only_or_c
     assert hybrid.simulation.added_s < ckpt.simulation.added_s / 10
 
 
+def test_libra_hybrid_on_a_large_profile_runs_both_retain_inputs_settings():
+    """On problems of more than 1,000 nodes hybrid's portfolio holds a hybrid
+    descent with retained chain inputs too (GPT-2 medium b8 at 0.5: it is the
+    cheaper one there); the plan is no costlier than the portfolio without
+    it, and within the budget."""
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    class WithoutVariant(LibraSolver):
+        def _refiners(self, problem, merge=True):
+            return [ref for ref in super()._refiners(problem, merge) if ref.capped_by is None]
+
+    p = load_problem(PROBLEMS / "h100_gpt2-medium_b8.json.gz")
+    refs = LibraSolver()._refiners(p)
+    assert [(r.opts.policy, r.opts.retain_inputs) for r in refs if r.capped_by is not None] == [("hybrid", True)]
+    full = solve(p, 0.5, "libra")
+    without = WithoutVariant().solve(p, 0.5)
+    assert simulate(p, full.schedule).peak_bytes <= full.budget_bytes
+    assert full.simulation.added_s <= without.simulation.added_s * (1 + 1e-9)
+
+
 def test_libra_on_a_problem_without_nodes_returns_the_empty_plan():
     b = ProblemBuilder()
     b.input("x", 16)

@@ -206,8 +206,12 @@ class LibraOptions:
         portfolio also runs a descent with the other setting.  On larger
         ones the variant holds inputs at memory just under the current peak
         over long spans, and the descent stalls above budgets it otherwise
-        meets (``h100_gpt2-medium_b8`` at 0.3 of its peak: stated infeasible,
-        0.44 of the peak, with it; planned at 0.054 s added without it).
+        meets (``h100_gpt2-medium_b8`` at 0.3 of its peak: 0.34 of the peak
+        with it; planned at 0.050 s added without it), so it is off there
+        for the chosen policy's descents, and hybrid's portfolio adds one
+        hybrid descent with it, of at most as many steps as the hybrid
+        descent (``LibraSolver.RETAIN_VARIANT_STEPS``): it wins on some
+        profiles (GPT-2 medium b8 at 0.5: 0.0182 s added against 0.0262).
     portfolio : bool
         Hybrid mode only: also refine with recomputation only and with
         swapping only, and return the cheapest of the three plans (estimated
@@ -378,7 +382,15 @@ class LibraSolver(Solver):
             waits = bool(o.swap_waits)
             refs += [_Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
                      for pol in ("recompute", "swap")]
-            if problem.num_nodes > self.POOL_MAX_NODES:    # large problems: the three descents only (speed)
+            if problem.num_nodes > self.POOL_MAX_NODES:
+                # large problems: the three descents and hybrid's with the other retain_inputs setting (each
+                # wins on some profiles: GPT-2 medium b8 at 0.5, 0.0182 s added with retained inputs, 0.0262
+                # without; ViT-B b128 at 0.3, 0.0350 with, 0.0302 without)
+                # It takes at most RETAIN_VARIANT_STEPS times the steps of the hybrid descent: where it
+                # needs many more, it is stalling (GPT-2 medium b8 at 0.3: 0.34 of the peak at its end).
+                variant = _Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs))
+                variant.capped_by = refs[0]
+                refs.append(variant)
                 return refs
             # recompute-only mode's extra descents too: a recompute-only plan is a hybrid plan, so hybrid
             # returns none costlier than recompute-only mode finds
@@ -450,6 +462,8 @@ class LibraSolver(Solver):
         limit = self.options.time_limit_s
         out = []
         for k, ref in enumerate(refs):
+            if ref.capped_by is not None:
+                ref.step_cap = int(self.RETAIN_VARIANT_STEPS * ref.capped_by.step) + 1
             if limit is not None:
                 used = spent_s + sum(r.clock_s() for r in refs[:k])
                 ref.time_limit_s = ref.clock_s() + max(limit - used, 0.0) / (len(refs) - k)
@@ -507,6 +521,9 @@ class LibraSolver(Solver):
     #: recompute-only mode's portfolio adds a descent over every eviction window (``windows="all"``) on
     #: two-phase problems of at most this many nodes (the default windows miss gaps inside a phase)
     ALL_WINDOWS_MAX_NODES = 300
+    #: on problems of more than ``POOL_MAX_NODES`` nodes, hybrid's descent with the other
+    #: ``retain_inputs`` setting takes at most this many times the steps of the hybrid descent
+    RETAIN_VARIANT_STEPS = 1.0
     #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
     #: share of the cheapest one's
     EXCHANGE_SPAN = 0.05

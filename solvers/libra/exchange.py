@@ -233,13 +233,51 @@ def _cover_windows(ref: "_Refiner", budget: int) -> list[int] | None:
                     rows.append(row)
                     need.append(np.zeros(1))
                     ub.append(np.ones(1))
-    cost = ref.problem.recompute_time[tl.w_prod[cols]] + ref.eps
-    res = milp(cost, constraints=LinearConstraint(np.vstack(rows), np.concatenate(need), np.concatenate(ub)),
-               integrality=np.ones(len(cols)), bounds=Bounds(0, 1),
+    rtime = ref.problem.recompute_time
+    cost = rtime[tl.w_prod[cols]] + ref.eps
+    # chained recomputes: where window j's producer reads a storage whose window k is off when j is
+    # regenerated (and k is not regenerated there too), j's chain recomputes k's producer as well; a
+    # variable y >= x_j + x_k - 1 per such pair carries that cost (several cheap recomputes that read each
+    # other are not cheap together)
+    pairs = _chained_pairs(tl, cols)
+    n, m = len(cols), len(pairs)
+    A = np.vstack(rows)
+    if m:
+        A = np.hstack([A, np.zeros((A.shape[0], m))])
+        link = np.zeros((m, n + m))
+        for r, (x, y) in enumerate(pairs):
+            link[r, [x, y]] = 1.0
+            link[r, n + r] = -1.0
+        A = np.vstack([A, link])
+        need.append(np.full(m, -np.inf))
+        ub.append(np.ones(m))
+        cost = np.concatenate([cost, [rtime[tl.w_prod[cols[y]]] for _, y in pairs]])
+    res = milp(cost, constraints=LinearConstraint(A, np.concatenate(need), np.concatenate(ub)),
+               integrality=np.concatenate([np.ones(n), np.zeros(m)]), bounds=Bounds(0, 1),
                options=dict(mip_rel_gap=COVER_GAP, node_limit=COVER_NODES, time_limit=COVER_TIME_S))
     if res.x is None:
         return None
-    return sorted(cols[res.x > 0.5].tolist(), key=lambda j: (-int(tl.w_bytes[j]), j))
+    return sorted(cols[res.x[:n] > 0.5].tolist(), key=lambda j: (-int(tl.w_bytes[j]), j))
+
+
+def _chained_pairs(tl: Timeline, cols: np.ndarray) -> list[tuple[int, int]]:
+    """Pairs ``(x, y)`` of indices into ``cols`` where recomputing window
+    ``cols[x]`` at its regeneration point ``q`` (its end) needs the storage of
+    window ``cols[y]`` while that one is off (``a_y < q < b_y``): the chain
+    recomputes ``y``'s producer too."""
+    where: dict[int, list[int]] = {}
+    for k, j in enumerate(cols.tolist()):
+        where.setdefault(int(tl.w_s[j]), []).append(k)
+    pairs = []
+    for x, j in enumerate(cols.tolist()):
+        q = int(tl.w_b[j])
+        stos = {int(tl.t_storage[u]) for u in tl.n_inputs[int(tl.w_prod[j])]}
+        for s in sorted(stos):
+            for y in where.get(s, ()):
+                k = int(cols[y])
+                if y != x and int(tl.w_a[k]) < q < int(tl.w_b[k]):
+                    pairs.append((x, y))
+    return pairs
 
 
 def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:

@@ -23,7 +23,8 @@ pass, on a prepared plan (:meth:`~libra_opt.solvers.libra.finish.Finisher.prepar
    hides behind compute (``floor=0``), then taken largest saving first, each
    scored again on the plan as it is by then, under the same rule: the freed
    queue time carries the storages that cost most to regenerate;
-3. both again while a round changes something (at most :data:`MAX_ROUNDS`),
+3. both again while a round changes something or recomputed windows are
+   left untried (at most :data:`MAX_ROUNDS`),
    then the undo pass (:func:`~libra_opt.solvers.libra.exchange.undo_pass`).
 
 Each switch is scored with :meth:`Timeline.evaluate
@@ -179,7 +180,9 @@ def switch_policies(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -
         # the timeline as it is by then: every swap taken uses copy-queue time the next may need)
         work = state["tl"]
         batch = []
-        for j in _rec_order(ref, work, state["records"], tried | switched):
+        order = _rec_order(ref, work, state["records"], tried | switched)
+        batch_left = len(order) == MAX_REC_TRIES   # more recomputed windows than one batch: the next round tries them
+        for j in order:
             tried.add(j)
             eff = _score(work, j, SWAP, budget)
             if eff is not None:
@@ -190,7 +193,7 @@ def switch_policies(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -
                 eff = _score(work, j, SWAP, budget)
             if eff is not None and _switchable(ref, work, j, SWAP):
                 take(j, SWAP, eff)
-        if state["taken"] == taken:
+        if state["taken"] == taken and not batch_left:
             break
     t2, r2 = state["tl"], state["records"]
     if not state["taken"]:

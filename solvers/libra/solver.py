@@ -68,6 +68,12 @@ expensive decisions and cover the budget again with cheaper ones (several
 small recomputes instead of one large one), and a recomputation whose chain
 regenerates another evicted storage may end that storage's window there
 (both pay for one regeneration: ``_Refiner._try_merge``).
+In hybrid mode, *policy switches* (:mod:`~libra_opt.solvers.libra.switch`)
+then move swaps that stall or crowd the copy queues to recomputation and the
+most expensive recomputations to swaps that hide behind compute, on the
+cheapest plan of each descent (those of the recompute-only descents first:
+their copy queues are idle); the switched plans are candidates beside the
+others.
 
 Limits: greedy, so not optimal (compare ``checkmate-milp``); the estimate
 mirrors the lowering and the simulator but can drift where swap-ins collide
@@ -95,7 +101,9 @@ from libra_opt.ir.units import parse_budget
 from ..base import Solver
 from ..baselines import BaselineCandidate, BaselinePlan
 from .finish import _Plan, _Snapshot
+from .estimate import SWAP
 from .refine import _Refiner
+from .switch import switch_policies
 from ..registry import register_solver, solver_class
 from ..result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
 
@@ -232,6 +240,17 @@ class LibraOptions:
         added time (the recompute time of the producers they recompute) is
         under that plan's: the same plan is returned, without lowering and
         simulating the baselines that cannot win.
+    switch : bool
+        Hybrid mode only: after the undo pass, *policy switches*
+        (:mod:`~libra_opt.solvers.libra.switch`) on the cheapest plan of
+        each descent policy: swapped storages whose swaps stall or crowd the
+        copy queues move to recomputation, and the most expensive recomputed
+        ones to swaps that hide behind compute, where the estimated added
+        time goes down within the budget.  Where a plan of the descents
+        meets the budget, a switched plan estimated cheaper than it is
+        lowered and simulated, and returned where it is cheaper simulated
+        too (``extras["descent"]`` then reads e.g. ``"recompute+switch"``);
+        the switches change what a plan costs, never which budgets are met.
     """
 
     policy: str = "hybrid"
@@ -248,6 +267,7 @@ class LibraOptions:
     merge: bool = False
     retain_inputs: bool | None = None
     portfolio: bool = True
+    switch: bool = True
 
     def __post_init__(self):
         if self.policy not in POLICY_MODES:
@@ -527,6 +547,10 @@ class LibraSolver(Solver):
     #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
     #: share of the cheapest one's
     EXCHANGE_SPAN = 0.05
+    #: policy switches (``LibraOptions.switch``) run on at most this many plans (one per descent) per budget
+    SWITCH_PLANS = 4
+    #: ... and on a plan with swaps only where its estimate is within this share of the cheapest plan so far
+    SWITCH_SPAN = 0.05
     #: on problems of more than ``POOL_MAX_NODES`` nodes, hybrid's fallback swap-only descent that waits
     #: for copies out (``LibraOptions.swap_waits``) refines for at most this share of the seconds the
     #: other descents took (at least 1 s): it takes many more steps (minutes on thousands of nodes)
@@ -673,19 +697,18 @@ class LibraSolver(Solver):
                     prepared = refs[k].prepare(snaps[k], budget, exchange=True)
                     if prepared[0].added_s() < est:
                         cands.append((prepared[0].added_s(), k, prepared))
-        best = None
-        cands.sort(key=lambda c: c[:2])
-        for i, (est, k, prepared) in enumerate(cands):
-            if best is not None and (met_only or est >= best[0].simulation.added_s
-                                     and not prepared[0].swap.pessimistic):
-                break   # its estimate is not pessimistic and already no better than a simulated plan
-            plan = refs[k].realize(prepared, snaps[k], budget)
-            if plan is None:
-                continue
-            if best is None or plan.simulation.added_s < best[0].simulation.added_s:
-                best = (plan, k)
+        cands = [(est, k, prepared, "") for est, k, prepared in cands]
+        best = self._cheapest(refs, snaps, cands, budget, met_only)
+        if best is not None and self.options.switch and self.options.policy == "hybrid" and polish:
+            # policy switches: only where a plan of the descents meets the budget (they change what a
+            # plan costs, not which budgets are met: the tightening's stated minimum holds), and only a
+            # switched plan cheaper than that plan once simulated replaces it
+            found = self._cheapest(refs, snaps, self._switched(refs, cands, budget), budget, met_only,
+                                   below=best[0].simulation.added_s)
+            if found is not None and found[0].simulation.added_s < best[0].simulation.added_s:
+                best = found
         if best is not None:
-            return self._raw(best[0], refs[best[1]].opts.policy)
+            return self._raw(best[0], refs[best[1]].opts.policy + best[2])
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
@@ -708,6 +731,53 @@ class LibraSolver(Solver):
         if best is not None:
             return self._raw(best[0], best[1].opts.policy)
         return None
+
+    @staticmethod
+    def _cheapest(refs: list[_Refiner], snaps: list[_Snapshot | None], cands: list[tuple], budget: int,
+                  met_only: bool, below: float = math.inf) -> tuple | None:
+        """Lower and simulate ``cands`` (``(estimate, descent, prepared, tag)``),
+        cheapest estimate first, until one's estimate is no better than the
+        cheapest simulated plan within ``budget`` or than ``below`` (seconds)
+        (and is not pessimistic); with ``met_only``, until one is within it.
+        ``(plan, descent, tag)`` of the cheapest simulated plan, or ``None``."""
+        best = None
+        for est, k, prepared, tag in sorted(cands, key=lambda c: c[:2]):
+            top = min(below, best[0].simulation.added_s) if best is not None else below
+            if (best is not None and met_only) or (est >= top and not prepared[0].swap.pessimistic):
+                break   # its estimate is not pessimistic and already no better than a simulated plan
+            plan = refs[k].realize(prepared, snaps[k], budget)
+            if plan is None:
+                continue
+            if best is None or plan.simulation.added_s < best[0].simulation.added_s:
+                best = (plan, k, tag)
+        return best
+
+    def _switched(self, refs: list[_Refiner], cands: list[tuple], budget: int) -> list[tuple]:
+        """Policy switches (:func:`~libra_opt.solvers.libra.switch.switch_policies`)
+        on the cheapest estimated plan of each descent among ``cands``
+        (``(estimate, descent, prepared, tag)``), at most
+        :attr:`SWITCH_PLANS` of them, those with the fewest swaps first (the
+        switches gain most where the copy queues are idle, and cost least:
+        a swap moved re-replays the chains that read other swaps); a plan
+        with swaps only where its estimate is within :attr:`SWITCH_SPAN` of
+        the cheapest plan so far.  Returns the switched plans, as candidates
+        tagged ``"+switch"`` (:meth:`_libra_plan` lowers and simulates those
+        estimated cheaper than the descents' simulated plan)."""
+        first: dict[int, tuple] = {}
+        for c in sorted(cands, key=lambda c: c[:2]):
+            first.setdefault(c[1], c)
+        plans = [(int((c[2][0].pol == SWAP).sum()), c) for c in first.values()]
+        plans.sort(key=lambda x: (x[0], x[1][:2]))
+        out, cheapest = [], math.inf
+        for swaps, (est, k, prepared, _) in plans[:self.SWITCH_PLANS]:
+            if swaps and est > cheapest * (1 + self.SWITCH_SPAN):
+                continue
+            tl, records, taken = switch_policies(refs[k], prepared[0], prepared[1], budget)
+            cheapest = min(cheapest, est)
+            if taken:
+                out.append((tl.added_s(), k, (tl, records, prepared[2]), "+switch"))
+                cheapest = min(cheapest, tl.added_s())
+        return out
 
     def _baseline_raw(self, name: str, plan: BaselinePlan) -> RawSolution:
         """A baseline's plan as this solver's result (``extras["descent"]`` is the baseline's name)."""

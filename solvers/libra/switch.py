@@ -1,0 +1,207 @@
+"""Policy switches of the ``libra`` solver (hybrid mode): after the descent and
+the undo pass, move swapped windows to recomputation and recomputed windows to
+swaps where the plan's estimated added time goes down within the budget.
+
+Why the descent leaves this on the table: it prices a swap whose copies hide
+behind compute at 0 added seconds, so early in the descent it swaps storages
+that are cheap to recompute; their copies then occupy the two copy queues (one
+per direction, at the device's measured bandwidths), and later swaps either
+stall or cannot hide, so the descent recomputes expensive storages (long
+chains) instead.  A recompute-only descent leaves every copy queue idle, so
+its plan is often the best start: swapping its most expensive recomputations
+beats the hybrid descent's own plan (``h100_gpt2-medium_b8`` at 0.3 of its
+peak: 0.0396 s added against 0.0500 s; ``benchmarks/hybrid_gain.py``).  This
+pass, on a prepared plan (:meth:`~libra_opt.solvers.libra.finish.Finisher.prepare`):
+
+1. **swap -> recompute**: each swapped window whose producer is recomputable,
+   the ones whose swap stalls most first (then the cheapest to recompute), is
+   switched to recomputation where that lowers the estimated added time (its
+   stall, and the stalls its copies cause to the others, go away) and every
+   point it raises stays within the budget: queue time is freed for others;
+2. **recompute -> swap**: the most expensive recomputed windows (their
+   recorded added time: chains included) are scored as a swap whose swap-in
+   hides behind compute (``floor=0``), then taken largest saving first, each
+   scored again on the plan as it is by then, under the same rule: the freed
+   queue time carries the storages that cost most to regenerate;
+3. both again while a round changes something or recomputed windows are
+   left untried (at most :data:`MAX_ROUNDS`),
+   then the undo pass (:func:`~libra_opt.solvers.libra.exchange.undo_pass`).
+
+Each switch is scored with :meth:`Timeline.evaluate
+<libra_opt.solvers.libra.estimate.Timeline.evaluate>` (chains and the whole
+swap layer recomputed: queue contention and stalls included) and taken with
+:meth:`~libra_opt.solvers.libra.estimate.Timeline.apply`; the number of
+evaluations is bounded (:data:`MAX_SWAP_TRIES`, :data:`MAX_REC_TRIES` per
+round), so the pass costs a few hundredths of a second on 3,000-node
+problems.  The pass only proposes a plan: where a plan of the descents
+meets the budget, the solver lowers and simulates the switched plans
+estimated cheaper than it and returns one only where it is cheaper simulated
+too (``LibraSolver._libra_plan``), so the returned plan is never costlier
+and the budgets met are the same as without the pass.
+
+Source: Libra (Wang, NTHU 2024), hybrid policy (recompute what is cheap to
+regenerate, swap where a transfer hides behind compute), as a 1-opt local
+search over the policy of each decision (a neighbourhood move of the greedy's
+decision set); the copy-queue model is :mod:`libra_opt.solvers.libra.swaps`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from libra_opt.ir.units import format_seconds
+
+from .estimate import REC, SWAP, Timeline
+from .exchange import undo_pass
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .refine import _Refiner
+
+#: ``Decision.reason`` of a decision whose policy this pass switched
+REASON_POLICY_SWITCH = "policy-switch"
+#: rounds of (swap -> recompute, recompute -> swap)
+MAX_ROUNDS = 2
+#: swapped windows evaluated for a switch to recomputation per round
+MAX_SWAP_TRIES = 16
+#: recomputed windows evaluated for a switch to a swap per round
+MAX_REC_TRIES = 48
+#: relative saving a switch must bring to be taken
+MIN_GAIN = 1e-9
+
+_NAMES = {REC: "recompute", SWAP: "swap"}
+
+
+def _switchable(ref: "_Refiner", tl: Timeline, j: int, policy: int) -> bool:
+    """Whether window ``j``, now under the other eviction policy, may move to
+    ``policy``: its storage not retained and no other window of the storage
+    under the other eviction policy (the descent's rule,
+    ``_Refiner._evaluate``).  A window ended at a chain that regenerates its
+    storage (segment-wise regeneration) may become a swap that brings the
+    storage back by then."""
+    other = SWAP if policy == REC else REC
+    s = int(tl.w_s[j])
+    if int(tl.pol[j]) != other or s in tl.s_retained or int(tl.w_bytes[j]) <= 0:
+        return False
+    if policy == REC and not tl.w_rec_ok[j]:
+        return False
+    return not any(int(tl.pol[k]) == other for k in tl.s_win.get(s, ()) if k != j)
+
+
+def _swap_order(ref: "_Refiner", tl: Timeline, records: dict) -> list[int]:
+    """Swapped windows to try moving to recomputation: most stall first, then
+    the cheapest producer to recompute (at most :data:`MAX_SWAP_TRIES`)."""
+    sw = tl.swap
+    stall = dict(zip(sw.ids.tolist(), sw.stall_s.tolist()))
+    rt = ref.problem.recompute_time
+    cand = [j for j in records if _switchable(ref, tl, j, REC)]
+    cand.sort(key=lambda j: (-stall.get(j, 0.0), float(rt[tl.w_prod[j]]), j))
+    return cand[:MAX_SWAP_TRIES]
+
+
+def _rec_order(ref: "_Refiner", tl: Timeline, records: dict, skip: set) -> list[int]:
+    """Recomputed windows (not in ``skip``) to try moving to a swap: the most
+    expensive decisions first (recorded added time, chains included), at
+    most :data:`MAX_REC_TRIES`."""
+    cand = [j for j in records if j not in skip and _switchable(ref, tl, j, SWAP)]
+    cand.sort(key=lambda j: (-records[j].added_s, j))
+    return cand[:MAX_REC_TRIES]
+
+
+def _score(tl: Timeline, j: int, policy: int, budget: int):
+    """The effect of moving window ``j`` to ``policy`` (a swap's swap-in where
+    it hides behind compute) where it lowers the estimated added time and
+    keeps every raised point within ``budget``; else ``None``."""
+    eff = tl.evaluate(j, policy, floor=0) if policy == SWAP else tl.evaluate(j, policy)
+    if not eff.feasible or eff.raised_max > budget or not eff.cost_s < -MIN_GAIN * max(tl.added_s(), 1e-30):
+        return None
+    return eff
+
+
+def _record(records: dict, j: int, policy: int, eff, saved_s: float) -> None:
+    """``records[j]`` after window ``j`` moved to ``policy`` (reason :data:`REASON_POLICY_SWITCH`)."""
+    d = records[j]
+    name, was = _NAMES[policy], d.policy
+    why = ("its stalls and the copy-queue time it held are freed" if policy == REC
+           else "the copy queues have room for it")
+    detail = (d.detail.split(": ", 1)[0].replace(was, name, 1)
+              + f": switched from {was} to {name} after the descent, {format_seconds(saved_s)} "
+                f"less added time for the whole plan ({why})")
+    records[j] = dataclasses.replace(d, policy=name, added_s=float(max(d.added_s + eff.cost_s, 0.0)),
+                                     reason=REASON_POLICY_SWITCH, detail=detail)
+
+
+def switch_policies(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict, int]:
+    """The policy switches (module docstring) on a prepared plan for ``budget``.
+
+    Parameters
+    ----------
+    ref : _Refiner
+        The descent the plan comes from (its ``problem`` and window ends).
+    tl : Timeline
+        The prepared timeline; not changed.
+    records : dict
+        Window id -> :class:`~libra_opt.solvers.libra.explain.Decision`; not changed.
+    budget : int
+        Graph-memory budget (bytes); the estimated peak of ``tl`` must be
+        within it (otherwise nothing is tried).
+
+    Returns
+    -------
+    (Timeline, dict, int)
+        The switched timeline (a copy), its records and how many switches were
+        taken; ``tl`` and ``records`` themselves where none was.
+    """
+    if not records or not tl.overlap or int(tl.memory().max()) > budget:
+        return tl, records, 0
+    state = {"tl": tl, "records": dict(records), "taken": 0}
+    switched: set[int] = set()   # windows this pass moved: never moved back
+    tried: set[int] = set()      # recomputed windows already scored for a swap
+
+    def take(j: int, policy: int, eff) -> None:
+        new = state["tl"].copy()
+        before = new.added_s()
+        new.apply(j, policy, eff)
+        if int(new.memory().max()) > budget:   # after the swap layer's refresh: not taken
+            return
+        _record(state["records"], j, policy, eff, before - new.added_s())
+        state["tl"] = new
+        switched.add(j)
+        state["taken"] += 1
+
+    for _ in range(MAX_ROUNDS):
+        taken = state["taken"]
+        # swap -> recompute: first improvement, most stall first
+        for j in _swap_order(ref, state["tl"], state["records"]):
+            if j not in switched:
+                eff = _score(state["tl"], j, REC, budget)
+                if eff is not None:
+                    take(j, REC, eff)
+        # recompute -> swap: score a batch, then take the largest savings first (each scored again on
+        # the timeline as it is by then: every swap taken uses copy-queue time the next may need)
+        work = state["tl"]
+        batch = []
+        order = _rec_order(ref, work, state["records"], tried | switched)
+        batch_left = len(order) == MAX_REC_TRIES   # more recomputed windows than one batch: the next round tries them
+        for j in order:
+            tried.add(j)
+            eff = _score(work, j, SWAP, budget)
+            if eff is not None:
+                batch.append((eff.cost_s, j, eff, work))
+        for _, j, eff, scored_on in sorted(batch, key=lambda b: b[:2]):
+            work = state["tl"]
+            if work is not scored_on:
+                eff = _score(work, j, SWAP, budget)
+            if eff is not None and _switchable(ref, work, j, SWAP):
+                take(j, SWAP, eff)
+        if state["taken"] == taken and not batch_left:
+            break
+    t2, r2 = state["tl"], state["records"]
+    if not state["taken"]:
+        return tl, records, 0
+    undo_pass(t2, r2, budget)
+    if not t2.added_s() < tl.added_s() or int(t2.memory().max()) > budget:
+        return tl, records, 0
+    return t2, r2, state["taken"]
+
+
+__all__ = ["switch_policies", "REASON_POLICY_SWITCH", "MAX_ROUNDS", "MAX_SWAP_TRIES", "MAX_REC_TRIES"]

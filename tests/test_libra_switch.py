@@ -1,0 +1,118 @@
+"""The libra solver's policy switches (solvers/libra/switch.py): after the descent, swapped
+windows move to recomputation and the most expensive recomputed ones to swaps that hide behind
+compute, where the plan's estimated added time goes down within the budget; the solver keeps
+the cheaper simulated plan.  Checked on small generated problems against the same solve without
+the pass and against the single-policy modes, every plan simulated within its budget."""
+from __future__ import annotations
+
+import pytest
+
+from libra_opt.frontend import generators as G
+from libra_opt.passes.lowering import lower
+from libra_opt.passes.simulator import no_remat_peak, simulate
+from libra_opt.solvers import solve
+from libra_opt.solvers.libra import solver as libra_solver
+from libra_opt.solvers.libra.estimate import REC, SWAP
+from libra_opt.solvers.libra.switch import REASON_POLICY_SWITCH, switch_policies
+
+
+def _with_copies(p, copy_steps: float):
+    """``p`` with copies that take ``copy_steps`` no-remat steps to move the no-remat peak."""
+    bw = no_remat_peak(p) / (copy_steps * p.total_compute_s)
+    return p.with_device(h2d_bytes_per_s=bw, d2h_bytes_per_s=bw)
+
+
+def assert_fits(p, r):
+    sim = simulate(p, r.schedule, budget=r.budget_bytes)
+    assert sim.peak_bytes <= r.budget_bytes
+    assert sim.added_s == pytest.approx(r.added_s)
+
+
+def _eps(p) -> float:
+    return 1e-9 * max(p.total_compute_s, 1.0)
+
+
+@pytest.mark.parametrize("kind,n,seed,copy_steps,frac", [("large_beside_small_graph", 30, 0, 4.0, 0.8),
+                                                         ("large_beside_small_graph", 30, 1, 4.0, 0.8),
+                                                         ("early_regeneration_graph", 30, 0, 1.0, 0.6)])
+def test_switches_lower_the_hybrid_cost(kind, n, seed, copy_steps, frac):
+    """On these problems the descents' best plan recomputes storages a swap hidden behind
+    compute regenerates for less: the switched plan is strictly cheaper (simulated) than the
+    same solve without the pass, within the budget, and its decisions say which were switched."""
+    p = _with_copies(getattr(G, kind)(n, seed=seed), copy_steps)
+    off = solve(p, frac, "libra", switch=False)
+    on = solve(p, frac, "libra")
+    assert_fits(p, off)
+    assert_fits(p, on)
+    assert on.added_s < off.added_s - _eps(p), (on.added_s, off.added_s)
+    assert on.extras["descent"].endswith("+switch")
+    assert any(d["reason"] == REASON_POLICY_SWITCH for d in on.extras["decisions"])
+    counts = on.schedule.counts()
+    assert counts["swap_out"] > 0
+
+
+def test_switch_pass_on_a_prepared_plan():
+    """The pass itself: the recompute-only descent's prepared plan gets swaps, its estimate
+    goes down, the estimated and simulated peaks stay within the budget, and its inputs are
+    not changed."""
+    p = _with_copies(G.large_beside_small_graph(30, seed=0), 4.0)
+    budget = int(0.8 * no_remat_peak(p))
+    solver = libra_solver.LibraSolver()
+    refs = solver._refiners(p)
+    ref = next(r for r in refs if r.opts.policy == "recompute")
+    snap = ref.descend([budget])[budget]
+    tl, records, _ = ref.prepare(snap, budget)
+    pol, est = tl.pol.copy(), tl.added_s()
+    before = dict(records)
+    tl2, records2, taken = switch_policies(ref, tl, records, budget)
+    assert taken > 0
+    assert (tl.pol == pol).all() and tl.added_s() == est and records == before   # inputs unchanged
+    assert tl2.added_s() < est
+    assert int(tl2.memory().max()) <= budget
+    assert (tl2.pol == SWAP).any() and not (tl.pol == SWAP).any()
+    assert set(records2) == {int(j) for j in (tl2.pol != 0).nonzero()[0]}
+    for j, d in records2.items():
+        assert d.policy == ("swap" if tl2.pol[j] == SWAP else "recompute") and tl2.pol[j] in (REC, SWAP)
+    sim = simulate(p, lower(p, tl2.plan()), budget=budget)
+    assert sim.peak_bytes <= budget
+    assert sim.added_s == pytest.approx(tl2.added_s(), rel=1e-6, abs=_eps(p))
+
+
+def test_switch_pass_needs_the_budget_met():
+    """A plan whose estimated peak is over the budget is returned as it is."""
+    p = _with_copies(G.large_beside_small_graph(30, seed=0), 4.0)
+    budget = int(0.8 * no_remat_peak(p))
+    ref = libra_solver.LibraSolver()._refiners(p)[0]
+    snap = ref.descend([budget])[budget]
+    tl, records, _ = ref.prepare(snap, budget)
+    out = switch_policies(ref, tl, records, int(tl.memory().max()) - 1)
+    assert out[0] is tl and out[1] is records and out[2] == 0
+
+
+@pytest.mark.parametrize("kind,n,seed,copy_steps", [("large_beside_small_graph", 30, 0, 4.0),
+                                                    ("large_beside_small_graph", 30, 1, 1.0),
+                                                    ("early_regeneration_graph", 30, 0, 1.0),
+                                                    ("early_regeneration_graph", 30, 1, 1.0),
+                                                    ("random_layered_graph", 40, 2, 0.25)])
+def test_hybrid_never_above_either_single_policy(kind, n, seed, copy_steps):
+    """Hybrid (with the switches) is never costlier than recompute-only or swap-only mode at a
+    budget that mode meets, and its plan is simulated within the budget."""
+    p = _with_copies(getattr(G, kind)(n, seed=seed), copy_steps)
+    for frac in (0.8, 0.6, 0.5):
+        singles = [solve(p, frac, "libra", policy=pol, raise_on_infeasible=False) for pol in ("recompute", "swap")]
+        singles = [r for r in singles if r.success]
+        if not singles:
+            continue
+        hyb = solve(p, frac, "libra", raise_on_infeasible=False)
+        assert hyb.success, hyb.message
+        assert_fits(p, hyb)
+        for r in singles:
+            assert hyb.added_s <= r.added_s + _eps(p), (frac, r.extras["policy"], hyb.added_s, r.added_s)
+
+
+def test_switch_option_is_hybrid_only():
+    """Single-policy modes never switch: their plans keep their one policy."""
+    p = _with_copies(G.large_beside_small_graph(30, seed=0), 4.0)
+    rec = solve(p, 0.8, "libra", policy="recompute")
+    assert rec.schedule.counts()["swap_out"] == 0
+    assert not any(d["reason"] == REASON_POLICY_SWITCH for d in rec.extras["decisions"])

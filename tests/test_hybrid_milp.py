@@ -280,3 +280,61 @@ def test_starting_plans_are_solutions_of_the_model(make, copy_steps, frac):
         sched = schedule_from_rs(g, R, S, swap_in=IN, arrive=A, swap_out=OFF, swap_now=B)
         simulate(p, sched, budget)
     assert fitted
+
+
+def fuzz_5308():
+    """Fuzz case 5308 (``random_problem(5308)`` of :mod:`libra_opt.apps.fuzz`, times rounded to
+    0.01 ms), the smallest that ended in ``SolverError`` (issue 12): ``t = mm(x)`` is read only by
+    the last node; ``v`` views the input; copies occupy the compute stream.  Budget 4782 B."""
+    from libra_opt.ir.problem import BACKWARD, DeviceProfile, ProblemBuilder
+
+    b = ProblemBuilder()
+    x = b.input("x", 750)
+    (t,) = b.op("mm_1", [x], [("t", 399)], time_s=5.42e-4)
+    (v,) = b.op("view_2", [x], [("v", 0, x)], workspace_bytes=4672)
+    (v2,) = b.op("view_3", [v], [("v", 0, v)], time_s=1.68e-4)
+    (t2,) = b.op("mm_4", [v], [("t", 1250)], time_s=7.28e-4, workspace_bytes=816)
+    (loss,) = b.op("sum_5", [t2], [("loss", 4)], time_s=5.75e-4)
+    (g,) = b.op("mm_backward_6", [v2], [("g", 234)], time_s=8.87e-4, phase=BACKWARD)
+    (g2,) = b.op("mm_backward_7", [t, g], [("g", 755)], time_s=7.90e-4, phase=BACKWARD)
+    dev = DeviceProfile(name="fuzz", h2d_bytes_per_s=55e9, d2h_bytes_per_s=31.6e9, copies_overlap_compute=False)
+    return b.build([loss, g2], device=dev, name="fuzz-5308"), 4782
+
+
+def test_a_swap_in_no_computation_of_its_stage_reads_is_freed_after_its_wait():
+    """Issue 12: a point of the model swaps ``t`` in at the start of stages 2..6 (``B``) though
+    only stage 6 reads it (a stall the model may choose, e.g. within the MILP gap).  Lowered, each
+    copy no computation of its stage reads and no checkpoint of the next keeps is freed right after
+    its ``Wait``, so the next stage's ``SwapIn`` finds its storage on the host (it stayed resident
+    and the simulator rejected the plan: "swaps in 't', whose storage is still resident")."""
+    p, budget = fuzz_5308()
+    g = CheckmateGraph.from_problem(p)
+    assert [tuple(int(x) for x in ts) for ts in g.value_tensors] == [(1,), (2,), (3,), (4,), (6,)]
+    m = HybridModel(g, budget)
+    S = np.zeros((g.n, g.nv), dtype=bool)
+    for stage, vals in {2: [1], 3: [1, 2], 4: [1, 2, 3], 5: [2], 6: [4]}.items():
+        S[stage, vals] = True
+    B = np.zeros_like(S)
+    B[2:7, 0] = True
+    none = np.zeros_like(S)
+    OFF = B.any(axis=0)
+    R = solve_r_opt(g, S, arrived=none, present=B)
+    xv = m.hybrid_assignment(R, S, none, none, B, OFF)
+    assert xv is not None and m.satisfies(xv)   # a solution of the model
+    sched = schedule_from_rs(g, R, S, swap_in=none, arrive=none, swap_out=OFF, swap_now=B)
+    sim = simulate(p, sched, budget)
+    assert sim.peak_bytes <= budget
+    # the model's time (compute, each copy charged in full: no overlap) is what the simulator charges
+    assert sim.time_s == pytest.approx(m.objective_seconds(float(m.obj @ xv)), rel=REL)
+
+
+def test_smallest_failing_fuzz_case_plans_or_states_a_minimum():
+    """Issue 12: fuzz case 5308 at 2 s ends in a plan the simulator accepts within the budget, or
+    an infeasible budget with a larger smallest feasible one, never a ``SolverError``."""
+    p, budget = fuzz_5308()
+    try:
+        r = solve(p, budget, "hybrid-milp", time_limit_s=2)
+    except InfeasibleBudgetError as e:
+        assert e.min_feasible_bytes is not None and e.min_feasible_bytes > budget
+        return
+    check_plan(p, r)

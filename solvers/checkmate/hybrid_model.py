@@ -29,7 +29,12 @@ are base storages holding bytes, none a step output):
 - ``B[t, v]``: they are copied back and waited for at the start of stage
   ``t`` (``SwapIn`` + ``Wait`` before its first computation): ``v`` is
   usable in stage ``t`` like a checkpoint, at the price of a stall of the
-  whole copy (libra's swap-in right before a use).
+  whole copy (libra's swap-in right before a use).  Nothing forces a use:
+  a ``B`` copy that no computation of stage ``t`` reads and that is no
+  checkpoint of stage ``t + 1`` is a stall only (which may let a copy out
+  end); the lowering frees it right after its ``Wait``
+  (:func:`~libra_opt.solvers.checkmate.plan.schedule_from_rs`), so a ``B``
+  or ``IN`` of the next stage finds it on the host, never still resident.
 
 Memory (per storage, as the simulator counts it): a value in flight in stage
 ``s`` is charged in every position of stage ``s`` (allocated when the

@@ -283,7 +283,9 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
     swap_now : ndarray of bool, shape (n, nv), optional
         ``swap_now[t, v]``: the storages of ``v`` are swapped in and waited
         for at the start of stage ``t`` (before the other swap-ins), usable
-        in stage ``t``.
+        in stage ``t``; freed after the last computation of stage ``t``
+        that reads them (right after the ``Wait`` if none does) unless
+        ``S[t + 1, v]``.
     arrive : ndarray of bool, shape (n, nv), optional
         ``arrive[t, v]``: the swap-in of ``v`` in flight is waited for at the
         end of stage ``t`` (``Wait``, after node ``t`` and its frees); ``v``
@@ -343,11 +345,15 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
         for x in sorted(resident):
             if not keep_across(x, t + 1) and not needed(x, t, -1):
                 free(x)
+        now: list[int] = []
         if swap_now is not None:
             now = [x for v in np.flatnonzero(swap_now[t]) for x in graph.value_tensors[v]]
             instrs.extend(SwapIn(x) for x in now)
             instrs.extend(Wait(x) for x in now)
             resident.update(now)
+            for x in now:  # a stall only (the model may wait for a copy it never reads): not kept past it
+                if not keep_across(x, t + 1) and not needed(x, t, -1):
+                    free(x)
         if swap_in is not None:
             for v in sorted(np.flatnonzero(swap_in[t]), key=lambda v: (landing[t, v], v)):
                 instrs.extend(SwapIn(x) for x in graph.value_tensors[v])
@@ -372,6 +378,9 @@ def schedule_from_rs(graph: CheckmateGraph, R: np.ndarray, S: np.ndarray, *, met
             for x in sorted(cands):
                 if x in resident and not keep_across(x, t + 1) and not needed(x, t, k):
                     free(x)
+        for x in now:  # read by no computation that ran (a skipped recompute) and no checkpoint of t + 1
+            if x in resident and not keep_across(x, t + 1):
+                free(x)
         instrs.extend(Wait(x) for x in arriving)
         resident.update(arriving)
         for x in arriving:

@@ -299,8 +299,11 @@ class SwapPlanner:
         ``budget`` and the added time does not rise), a failing batch split
         in halves down to single changes, which are dropped.  A pass after
         :meth:`swap_bulk`, where every swap holds the least memory it can.
+        Nothing is given back where the model is over ``budget`` already.
         Returns the windows given back (set to keep)."""
         from .estimate import KEEP, SWAP   # estimate imports this module
+        if self.peak()[0] > budget:   # no batch could be kept (each is checked against the budget)
+            return []
         order = self.swap.ids[np.argsort(self.w_b[self.swap.ids], kind="stable")].tolist()
         kept: list[int] = []
         for k in range(0, len(order), self.RELAX_BATCH):

@@ -187,6 +187,47 @@ def test_swap_only_plans_resnet50_where_it_could_not():
     assert sim.peak_bytes <= 0.5 * no_remat_peak(p) + 1 and out_waits(r.schedule) > 0
 
 
+def test_swap_only_bulk_move_reaches_the_floor_where_the_descent_stops():
+    """A 16-op chain whose copies take three forward ops each: the swap-only descent alone
+    (``portfolio=False``) stops far above the memory floor (each further swap's prefetch pushes
+    the queued ones before the backward starts); the bulk move (every window swapped, waiting
+    for its copy out, swapped in right before its use) plans at the floor, and a budget between
+    the two gets that plan with what it does not need given back: within the budget, no costlier."""
+    p = slow_chain(n=16, bandwidth=30.0)
+    floor = memory_lower_bound(p)
+    alone = get_solver("libra", policy="swap", portfolio=False).solve(p, floor, raise_on_infeasible=False)
+    assert not alone.success and alone.min_feasible_bytes > 2 * floor
+    r = get_solver("libra", policy="swap").solve(p, floor)
+    sim = simulate(p, r.schedule, budget=floor)
+    assert sim.peak_bytes <= floor and sim.stall_s > 0 and out_waits(r.schedule) > 0
+    mid = (floor + alone.min_feasible_bytes) // 2
+    r2 = get_solver("libra", policy="swap").solve(p, mid)
+    sim2 = simulate(p, r2.schedule, budget=mid)
+    assert sim2.peak_bytes <= mid and sim2.added_s <= sim.added_s
+
+
+def test_bulk_swap_and_relax_on_the_timeline():
+    """``Timeline.swap_bulk`` puts the model at the floor of the chain above in one move, its
+    estimate equal to the simulator's; ``relax_swaps`` gives back what a higher budget does not
+    need: the estimated peak stays within it, the added time goes down, and the lowered plan
+    simulates as estimated."""
+    p = slow_chain(n=16, bandwidth=30.0)
+    floor = memory_lower_bound(p)
+    wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
+    tl = Timeline(p, wins)
+    assert tl.swap_bulk(range(len(wins))) > 0
+    sim = simulate(p, lower(p, tl.evictions()))
+    assert tl.peak()[0] == sim.peak_bytes == floor
+    assert tl.added_s() == pytest.approx(sim.added_s)
+    budget = 3 * floor
+    before = tl.added_s()
+    kept = tl.relax_swaps(budget)
+    sim2 = simulate(p, lower(p, tl.evictions()), budget=budget)
+    assert kept and tl.added_s() < before
+    assert tl.peak()[0] <= budget and sim2.peak_bytes <= budget
+    assert tl.added_s() == pytest.approx(sim2.added_s)
+
+
 # ------------------------------------------------------------------ runtime (CPU)
 class _SwapAndWait(Solver):
     """Every default window swapped, each waiting for its copy out right after the

@@ -59,7 +59,10 @@ built once per problem): ``swap-all``'s at every budget (two
 lowerings), and where no descent meets a budget ``checkpoint-all``'s and,
 where one of those meets it, ``chen-sqrt``'s and ``chen-greedy``'s, so hybrid
 reaches as low as every single policy and baseline and costs no more than the
-baselines it compares with; in recompute-only mode the portfolio holds
+baselines it compares with; in swap-only mode, where the descents stop above a
+budget, a *bulk move* (every window swapped at once, waiting for its copy out
+and swapped in right before its use, then what the budget does not need given
+back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-only mode the portfolio holds
 ``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
 budget (on problems of up to 1,000 nodes; on larger ones where no descent
 meets the budget).  After the undo pass, *exchange moves*
@@ -91,6 +94,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from libra_opt.passes.bounds import memory_lower_bound
 from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.ir.problem import RematProblem
@@ -100,6 +105,7 @@ from libra_opt.ir.units import parse_budget
 
 from ..base import Solver
 from ..baselines import BaselineCandidate, BaselinePlan
+from .explain import REASON_ONLY_POLICY, explain
 from .finish import _Plan, _Snapshot
 from .estimate import SWAP
 from .refine import _Refiner
@@ -232,7 +238,9 @@ class LibraOptions:
         budget the descent's plan adds time at, and return the cheapest, so
         it is never above them; on problems of more than
         ``LibraSolver.POOL_MAX_NODES`` nodes (1,000) only where no descent
-        meets the budget (their plans cost seconds to build there).  The result's ``extras["descent"]`` says
+        meets the budget (their plans cost seconds to build there).  In
+        swap-only and hybrid mode: where the descents stop above a budget, the
+        bulk move too (``_BulkSwapRefiner``; with ``swap_waits`` not ``False``).  The result's ``extras["descent"]`` says
         which descent (or baseline) the plan came from.  ``max_steps`` and
         ``time_limit_s`` bound the descents only.  The baselines' plans are
         built once per problem and reused by later solves of it, and where a
@@ -358,6 +366,76 @@ class _BaselinePool:
         return min(peaks) if peaks else None
 
 
+class _BulkSwapRefiner(_Refiner):
+    """The bulk move of swap-only mode (a portfolio member on problems of at
+    most ``LibraSolver.POOL_MAX_NODES`` nodes, elsewhere a fallback where
+    the descents stop above a budget) and of hybrid mode (a fallback): not a
+    descent but one move (:meth:`~libra_opt.solvers.libra_swaps.SwapPlanner.swap_bulk`):
+    every window swapped at once, each waiting for its copy out right after
+    its window opens and swapped in right before its use, the least memory
+    swapping can hold (down to the memory floor where every storage is
+    swappable); then, per budget, what the budget does not need is given
+    back (:meth:`~libra_opt.solvers.libra_swaps.SwapPlanner.relax_swaps`)
+    before the usual finish step.
+
+    Why: where the device-to-host link is slower than the forward pass and
+    the host-to-device link slower than the backward, the greedy descent
+    stops above the floor: every further swap's prefetch, planned back from
+    its use behind the queued ones, moves the earlier ones' prefetches
+    before the backward starts, raising the peak there (``h100_gpt2-medium_b8``:
+    0.273 of the no-remat peak after 5,006 steps, floor 0.215; ``h100_llama_b8``:
+    0.563, floor 0.427).  Source: see ``swap_bulk``."""
+
+    def __init__(self, problem: RematProblem, opts):
+        super().__init__(problem, opts)
+        self._built = False
+        self._relaxed: dict[int, _Snapshot] = {}   # budget -> the bulk plan relaxed for it
+
+    def _descend(self, budgets, to_end):
+        if not self._built:
+            # taken unless ``time_limit_s`` is spent (as a descent checks before each step) or ``max_steps``
+            # is under the decisions it makes (one per window)
+            steps = self.opts.max_steps
+            if (self.time_limit_s is not None and self.clock_s() > self.time_limit_s) or (
+                    steps is not None and steps < int(self.enabled.sum())):
+                self.cut_short = True
+            else:
+                self._build()
+            self._built = self.done = True
+        return super()._descend(budgets, to_end)
+
+    def _build(self) -> None:
+        tl, problem = self.tl, self.problem
+        tl.swap_bulk(np.flatnonzero(self.enabled))
+        peak, pos = tl.peak()
+        stall = dict(zip(tl.swap.ids.tolist(), tl.swap.stall_s.tolist()))
+        for k, j in enumerate(tl.swap.ids.tolist()):
+            self.records[j] = explain(problem, step=k, storage=int(tl.w_s[j]), after=int(tl.w_a[j]),
+                                      before=int(tl.w_b[j]), policy="swap", nbytes=int(tl.w_bytes[j]),
+                                      peak_bytes=peak, peak_pos=pos, removed_bytes=int(tl.w_bytes[j]),
+                                      added_s=stall[j], recompute_s=None, swap_s=stall[j],
+                                      reason=REASON_ONLY_POLICY)
+        self.step = len(self.records)
+
+    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+                polish: bool = True) -> tuple:
+        """The bulk plan with what ``budget`` does not need given back (once
+        per budget), then the usual finish step (:meth:`Finisher.prepare`,
+        without exchange moves: the bulk plan has no descent to draw them
+        from).  With ``polish=False`` (only whether the budget is met) too:
+        the simulation can differ from the estimate where swap-ins are issued
+        before their copies out end, and the plan given back is the one a
+        solve lowers."""
+        if undo and self.opts.undo and snap.records:
+            if budget not in self._relaxed:
+                tl, records = snap.timeline.copy(), dict(snap.records)
+                for j in tl.relax_swaps(budget):
+                    records.pop(j, None)
+                self._relaxed[budget] = dataclasses.replace(snap, timeline=tl, records=records)
+            snap = self._relaxed[budget]
+        return super().prepare(snap, budget, undo, exchange=False, polish=polish)
+
+
 @register_solver("libra")
 class LibraSolver(Solver):
     """Libra's greedy refinement with a hybrid swap + recompute policy.
@@ -393,10 +471,19 @@ class LibraSolver(Solver):
         :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
         (greedy descents are not monotone in their moves: each of these wins
         on some graphs); ``merge=False`` leaves that one out (the tightening:
-        a budget a subset of the descents meets, a solve meets too)."""
+        a budget a subset of the descents meets, a solve meets too); in
+        swap-only mode on problems of at most :attr:`POOL_MAX_NODES` nodes,
+        the bulk move (:class:`_BulkSwapRefiner`; on larger ones it is a
+        fallback, :meth:`_fallbacks`)."""
         o = self._resolved(problem)
         refs = [_Refiner(problem, o)]
-        if not o.portfolio or o.policy == "swap":
+        if not o.portfolio:
+            return refs
+        if o.policy == "swap":
+            if problem.num_nodes <= self.POOL_MAX_NODES and self._bulk_ok(problem):
+                # the bulk move at every budget on small problems (cheap there): the budgets a solve meets
+                # through it are the ones the tightening finds met
+                refs.append(_BulkSwapRefiner(problem, dataclasses.replace(o, swap_waits=True)))
             return refs
         if o.policy == "hybrid":   # (waits for copies out: only as set, or as a fallback, see _fallbacks)
             waits = bool(o.swap_waits)
@@ -423,6 +510,14 @@ class LibraSolver(Solver):
             refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
         return refs
 
+    def _bulk_ok(self, problem: RematProblem) -> bool:
+        """Whether this solve may use the bulk move (:class:`_BulkSwapRefiner`):
+        swapping allowed, with the portfolio, ``swap_waits`` not ``False``, on a
+        device whose copies overlap compute."""
+        o = self.options
+        return (o.policy != "recompute" and o.portfolio and o.swap_waits is not False
+                and problem.device.copies_overlap_compute)
+
     def _resolved(self, problem: RematProblem) -> LibraOptions:
         """The options with ``retain_inputs=None`` resolved for ``problem``'s
         size (:attr:`RETAIN_INPUTS_MAX_NODES`)."""
@@ -443,19 +538,38 @@ class LibraSolver(Solver):
         ``swap_waits=None``, a swap-only descent that waits for copies out
         (it reaches down to the memory floor, paying stalls; over every
         window with ``windows="auto"``; on large problems for at most
-        :attr:`SWAP_WAIT_SHARE` of the others' time).  ``force``: for
+        :attr:`SWAP_WAIT_SHARE` of the others' time); in swap-only mode with
+        the portfolio (and waits allowed, on devices whose copies overlap
+        compute), the bulk move (:class:`_BulkSwapRefiner`: every window
+        swapped with its waits, down to the memory floor where every storage
+        is swappable), first (in hybrid mode too, with ``swap_waits`` not
+        ``False``: hybrid reaches as low as swap-only mode), and in swap-only
+        mode on problems of more than
+        :attr:`POOL_MAX_NODES` nodes the descents above only for the budgets
+        it misses.  ``force``: for
         every budget of ``budgets`` (their snapshots did not lower within
         them), as a solve of several budgets runs them for one it misses."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
         if not missing:
             return [], []
+        o = self.options
+        bulk, bulk_snaps = [], []
+        if self._bulk_ok(problem) and not any(isinstance(r, _BulkSwapRefiner) for r in refs):
+            # the bulk move: every window swapped with its waits, down to the memory floor (_BulkSwapRefiner)
+            ref = _BulkSwapRefiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True))
+            ref.asked = set(missing)
+            bulk, bulk_snaps = [ref], self._descend_all([ref], missing, spent_s=sum(r.clock_s() for r in refs))
+            if o.policy == "swap" and problem.num_nodes > self.POOL_MAX_NODES:
+                # on large problems the descents below (seconds each) only for the budgets it misses
+                missing = [b for b in missing if bulk_snaps[0].get(b) is None]
+                if not missing:
+                    return bulk, bulk_snaps
         more = []
         if any(ref.used_early for ref in refs):
             more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
         main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
         if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
             more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
-        o = self.options
         if (o.policy == "hybrid" and o.portfolio and o.swap_waits is None and problem.device.copies_overlap_compute
                 and not any(ref.allow_wait for ref in refs)):
             # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
@@ -467,10 +581,10 @@ class LibraSolver(Solver):
                 ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
             more.append(ref)
         if not more:
-            return [], []
+            return bulk, bulk_snaps
         for ref in more:
             ref.asked = set(missing)
-        return more, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs))
+        return more + bulk, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs)) + bulk_snaps
 
     def _descend_all(self, refs: list[_Refiner], budgets: list[int], spent_s: float = 0.0) -> list[dict]:
         """Run the descents one after another towards ``budgets``.  With

@@ -15,7 +15,13 @@ the memory timeline, as a whole, vectorized over the swaps.
   ``Eviction.out_wait``): the compute stream stalls before that position until
   the copy has ended, so the storage is gone from there; the device-to-host
   queue is then replayed forwards with those stalls delaying every later node
-  and copy, and the rest of the layer runs on the delayed start times.
+  and copy, and the rest of the layer runs on the delayed start times;
+- a *bulk* swap (``SwapPlanner.swap_bulk``) swaps every window at once, each
+  waiting for its copy out right after the storage's last use before the
+  window and swapped in right before its use: the least memory swapping
+  can hold (each storage resident only where it is read), paying stalls;
+  ``SwapPlanner.relax_swaps`` then gives back, swap by swap, what a budget
+  does not need (the swap itself, the delay of its swap-in, its wait).
 
 Source: the simulator's copy-queue rules (:mod:`libra_opt.simulator`) and the
 lowering's prefetch rule; Libra (Wang, NTHU 2024) for hiding transfers behind
@@ -238,6 +244,115 @@ class SwapPlanner:
         if out_stall is not None:
             stall = stall + out_stall
         return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()), wt)
+
+    def swap_bulk(self, ids) -> int:
+        """Swap every window of ``ids`` (shape ``(n,)``; kept windows of at
+        least one node between their ends) at once: each waits for its copy
+        out before the node after its window opens (``wait = after + 1``) and
+        is swapped in right before its use (``floor = before - 1``), so a
+        storage is resident only where it is read, at the price of every
+        copy's stall.  One swap layer and one chain replay for all of them
+        (an :meth:`apply` per window replans the layer each time: seconds on
+        thousands of windows).  Only on devices whose copies overlap compute
+        (``overlap``; elsewhere a copy blocks compute and there is no copy out
+        to wait for).  Returns how many windows were swapped.
+
+        Source: the minimum-memory end of swapping, as ``swap-all``
+        (``torch.autograd.graph.save_on_cpu``) would be with synchronous
+        copies both ways (vDNN, Rhu et al., MICRO 2016, sec. III, without
+        its prefetch)."""
+        from .estimate import SWAP   # estimate imports this module
+        ids = [int(j) for j in ids if self.pol_l[int(j)] == 0 and int(self.w_b[j]) - int(self.w_a[j]) >= 2]
+        if not ids or not self.overlap:
+            return 0
+        self._set_many([(j, SWAP, int(self.w_b[j]) - 1, int(self.w_a[j]) + 1) for j in ids])
+        return len(ids)
+
+    def _set_many(self, changes) -> None:
+        """Set several windows at once, ``(window, policy, floor, wait)`` each
+        (swap or keep), then replan the swap layer and the chains they touch
+        once (what :meth:`apply` per window would give, in one replay)."""
+        from .estimate import NEG, SWAP, Effect   # estimate imports this module
+        pts: set[int] = set()
+        for j, pol, fl, wt in changes:
+            pts |= self._affected(j)
+            self.apply(j, pol, Effect(0.0, {}, None, NEG, -1, True, fl if pol == SWAP else 0,
+                                      wt if pol == SWAP else -1), refresh=False)
+        self._set_swap(self._swap_layer(np.flatnonzero(self.pol == SWAP), self.regen_time))
+        for q in sorted(pts):   # chains that read the changed storages (their swap-ins)
+            self._set_chain(q, self.chain_at(q))
+        self.refresh_swaps()
+        self.version += 1
+
+    #: windows whose relaxations :meth:`relax_swaps` tries together before splitting the batch
+    RELAX_BATCH = 64
+
+    def relax_swaps(self, budget: int) -> list[int]:
+        """Give back, swap by swap (in order of use), what keeps the model's
+        memory within ``budget`` bytes without it: the swap itself (kept),
+        else the delay of its swap-in (issued at the earliest position from
+        where the storage fits under the budget until its use) and the wait
+        for its copy out (none, or moved to the first position where the
+        storage would not fit).  The changes are proposed from the memory
+        timeline, updated as each is proposed, and checked in batches of
+        :attr:`RELAX_BATCH` (one replan each: the estimated peak stays within
+        ``budget`` and the added time does not rise), a failing batch split
+        in halves down to single changes, which are dropped.  A pass after
+        :meth:`swap_bulk`, where every swap holds the least memory it can.
+        Nothing is given back where the model is over ``budget`` already.
+        Returns the windows given back (set to keep)."""
+        from .estimate import KEEP, SWAP   # estimate imports this module
+        if self.peak()[0] > budget:   # no batch could be kept (each is checked against the budget)
+            return []
+        order = self.swap.ids[np.argsort(self.w_b[self.swap.ids], kind="stable")].tolist()
+        kept: list[int] = []
+        for k in range(0, len(order), self.RELAX_BATCH):
+            mem = self.memory().copy()
+            changes = []
+            for j in order[k:k + self.RELAX_BATCH]:
+                nbytes = int(self.w_bytes[j])
+                a = int(self.w_a[j])
+                lo, hi = int(self.sw_r0[j]), int(self.sw_pos[j])
+                fl, wt = int(self.floor[j]), int(self.wait[j])
+                if lo > hi or int(mem[lo:hi + 1].max()) + nbytes <= budget:   # the storage back fits: keep it
+                    changes.append((j, KEEP, 0, -1))
+                    if lo <= hi:
+                        mem[lo:hi + 1] += nbytes
+                    continue
+                nfl, nwt = fl, wt
+                if fl > a + 1:   # the swap-in earlier: from the first position whose suffix fits the storage
+                    bad = np.flatnonzero(mem[lo:hi + 1] + nbytes > budget)
+                    q = lo + int(bad[-1]) + 1 if len(bad) else lo
+                    nfl = max(q, a + 1) - 1
+                    if nfl < hi:
+                        mem[nfl + 1:hi + 1] += nbytes
+                if wt >= 0:      # the wait for the copy out later, up to the first position it would not fit
+                    top = min(nfl, hi) if nfl < fl else hi
+                    bad = np.flatnonzero(mem[wt:top + 1] + nbytes > budget)
+                    nwt = wt + int(bad[0]) if len(bad) else -1
+                    if nwt != wt:
+                        mem[wt:(nwt if nwt >= 0 else top + 1)] += nbytes
+                if (nfl, nwt) != (fl, wt):
+                    changes.append((j, SWAP, nfl, nwt))
+            kept += [j for j, pol, _, _ in self._try_changes(changes, budget) if pol == KEEP]
+        return kept
+
+    def _try_changes(self, changes: list, budget: int) -> list:
+        """Apply ``changes`` (see :meth:`_set_many`) where the estimated peak
+        stays within ``budget`` and the added time does not rise; a failing
+        batch is undone and split in halves.  Returns the changes kept."""
+        if not changes:
+            return []
+        old = [(j, int(self.pol[j]), int(self.floor[j]), int(self.wait[j])) for j, *_ in changes]
+        before = self.added_s()
+        self._set_many(changes)
+        if self.peak()[0] <= budget and self.added_s() <= before + 1e-12:
+            return changes
+        self._set_many(old)
+        if len(changes) == 1:
+            return []
+        h = len(changes) // 2
+        return self._try_changes(changes[:h], budget) + self._try_changes(changes[h:], budget)
 
     @staticmethod
     def _replay(o_in, o_wait, wpos, pos, wait_at, issue_at, d_in, host) -> np.ndarray:

@@ -194,7 +194,7 @@ def _reset_ends(ref: "_Refiner", tl: Timeline, records: dict) -> None:
             records[j] = dataclasses.replace(records[j], before=b)
 
 
-def _cover_windows(ref: "_Refiner", budget: int) -> list[int] | None:
+def _cover_windows(ref: "_Refiner", budget: int, chained: bool = True) -> list[int] | None:
     """The cheapest set of recomputed windows that covers ``budget`` under an
     additive model (window ids, largest first): a covering integer program
     (minimise the producers' recompute time subject to, at every position
@@ -204,7 +204,9 @@ def _cover_windows(ref: "_Refiner", budget: int) -> list[int] | None:
     :data:`COVER_GAP` of its optimum or after :data:`COVER_NODES`
     branch-and-bound nodes).  ``None`` where it has no solution.  The model
     is the knapsack-cover structure a best-ratio greedy overshoots: several
-    cheap recomputes instead of the best-ratio ones."""
+    cheap recomputes instead of the best-ratio ones.  ``chained``: price
+    chained recomputes (:func:`_chained_pairs`); neither model is exact, and
+    each finds the better plan on some graphs (``_cover_plan`` tries both)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     from .refine import _fresh_timeline
@@ -239,7 +241,7 @@ def _cover_windows(ref: "_Refiner", budget: int) -> list[int] | None:
     # regenerated (and k is not regenerated there too), j's chain recomputes k's producer as well; a
     # variable y >= x_j + x_k - 1 per such pair carries that cost (several cheap recomputes that read each
     # other are not cheap together)
-    pairs = _chained_pairs(tl, cols)
+    pairs = _chained_pairs(tl, cols) if chained else []
     n, m = len(cols), len(pairs)
     A = np.vstack(rows)
     if m:
@@ -286,15 +288,29 @@ def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
     keep-everything timeline, then the local descent where its model missed
     (chains that need evicted inputs, points a chain raises) and the undo
     pass; ``None`` where the program has no solution or the plan does not
-    get within ``budget``."""
-    from .refine import _fresh_timeline
-
+    get within ``budget``.  Both covering programs (additive, and with
+    chained recomputes priced) are tried; the cheaper plan once regenerated
+    storages are kept (``_keep_regenerated``, done here) is returned."""
     if not ref.allow_rec or ref.mode != "default":
         return None   # single-phase graphs ("all" windows): long chains, far from the additive model
-    key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget))
+    best = None
+    for chained in (False, True):
+        plan = _covered(ref, budget, chained)
+        if plan is not None:
+            ref._keep_regenerated(plan[0], plan[1], budget)   # compared as the finish will make them
+            if best is None or plan[0].added_s() < best[0].added_s() * (1 - MIN_GAIN):
+                best = plan
+    return best
+
+
+def _covered(ref: "_Refiner", budget: int, chained: bool) -> tuple[Timeline, dict] | None:
+    """One covering program's plan (:func:`_cover_plan`), or ``None``."""
+    from .refine import _fresh_timeline
+
+    key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget), chained)
     per = _COVERS.setdefault(ref.problem, {})
     if key not in per:
-        per[key] = _cover_windows(ref, budget)
+        per[key] = _cover_windows(ref, budget, chained)
     if not per[key]:
         return None
     tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
@@ -378,7 +394,6 @@ def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_
         cov = _cover_plan(ref, budget)
         if cov is not None:
             t2, r2 = cov
-            ref._keep_regenerated(t2, r2, budget)
             t3 = tl.copy()
             ref._keep_regenerated(t3, dict(records), budget)
             if t2.added_s() < min(tl.added_s(), t3.added_s()) * (1 - MIN_GAIN):

@@ -798,9 +798,13 @@ class LibraSolver(Solver):
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
         polish = not met_only
         cands = []
+        seen: dict[tuple, tuple] = {}   # descents that stopped in the same state share one prepared plan
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
             if snap is not None:
-                prepared = ref.prepare(snap, budget, exchange=False, polish=polish)
+                key = self._state_key(ref, snap)
+                prepared = seen.get(key)
+                if prepared is None:
+                    prepared = seen[key] = ref.prepare(snap, budget, exchange=False, polish=polish)
                 cands.append((prepared[0].added_s(), k, prepared))
         if self.options.exchange and polish and cands:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
@@ -847,6 +851,19 @@ class LibraSolver(Solver):
         return None
 
     @staticmethod
+    def _state_key(ref: _Refiner, snap: _Snapshot) -> tuple:
+        """What :meth:`_Refiner.prepare` (without exchange moves) reads of a
+        descent and its snapshot: the options but ``retain_inputs`` (a
+        descent's own scoring), the window mode and the timeline's decisions
+        (policies, window ends, swap-in floors and waits, retentions).  Two
+        descents with one key prepare the same plan: the retained-inputs
+        variant often ends where the plain descent does."""
+        tl = snap.timeline
+        return (repr(dataclasses.replace(ref.opts, retain_inputs=None)), ref.mode, tl.pol.tobytes(),
+                tl.w_b.tobytes(), tl.floor.tobytes(), tl.wait.tobytes(), tuple(sorted(tl.t_until.items())),
+                tuple(sorted(tl.w_early.items())))
+
+    @staticmethod
     def _cheapest(refs: list[_Refiner], snaps: list[_Snapshot | None], cands: list[tuple], budget: int,
                   met_only: bool, below: float = math.inf) -> tuple | None:
         """Lower and simulate ``cands`` (``(estimate, descent, prepared, tag)``),
@@ -878,8 +895,11 @@ class LibraSolver(Solver):
         tagged ``"+switch"`` (:meth:`_libra_plan` lowers and simulates those
         estimated cheaper than the descents' simulated plan)."""
         first: dict[int, tuple] = {}
+        shared: set[int] = set()   # prepared plans two descents share (_state_key): switched once
         for c in sorted(cands, key=lambda c: c[:2]):
-            first.setdefault(c[1], c)
+            if c[1] not in first and id(c[2]) not in shared:
+                first[c[1]] = c
+                shared.add(id(c[2]))
         plans = [(int((c[2][0].pol == SWAP).sum()), c) for c in first.values()]
         plans.sort(key=lambda x: (x[0], x[1][:2]))
         out, cheapest = [], math.inf

@@ -447,3 +447,34 @@ def test_cli_solve_and_sweep(tmp_path, capsys):
     assert rows[0].startswith("budget,") and len(rows) == 4
     assert rows[3].split(",")[2] == "infeasible"
     assert main(["solve", str(f), "--budget", "0.05"]) == 1
+
+
+def test_a_trial_taken_back_restores_the_chains_a_replay_gives():
+    """``Timeline.recording`` / ``restore_chains``: a retention tried and taken back without
+    replaying (``replay=False``) leaves the chains, the memory and the added time as they were,
+    each chain equal to a fresh replay; nested recordings pass what they saw to the outer one."""
+    from libra_opt.frontend import generators as G
+    from libra_opt.solvers.libra.refine import _Refiner
+    from libra_opt.solvers.libra.solver import LibraOptions
+
+    p = G.random_layered_graph(40, seed=1)
+    ref = _Refiner(p, LibraOptions(policy="recompute", retain_inputs=False))
+    ref.descend([int(0.7 * int(ref.tl.memory().max()))])
+    tl = ref.tl
+    cands = [(q, t) for q, ch in sorted(tl.chains.items()) if ch is not None for t in ch.made
+             if tl.t_last_eff[t] < q and tl.retainable(t)]
+    assert cands
+    chains, mem, cost = dict(tl.chains), tl.memory().copy(), tl.added_s()
+    changed = 0
+    for q, t in cands[:6]:
+        with tl.recording() as outer:
+            with tl.recording() as inner:
+                tl.retain(t, q)
+            assert set(inner) <= set(outer)
+        changed += tl.chains != chains
+        tl.retain(t, None, replay=False)
+        tl.restore_chains(outer)
+        assert tl.chains == chains
+        assert (tl.memory() == mem).all() and tl.added_s() == cost
+        assert all(tl.chain_at(x) == ch for x, ch in tl.chains.items())
+    assert changed

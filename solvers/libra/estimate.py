@@ -235,6 +235,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         new.regen_time = self.regen_time.copy()
         new.touch = {s: set(v) for s, v in self.touch.items()}
         new.waits = {s: dict(v) for s, v in self.waits.items()}
+        new._journal = None   # a copy records nothing of its original's trial
         new.pos = dict(self.pos)
         new.touch_first = self.touch_first.copy()
         new.wait_q = self.wait_q.copy()
@@ -506,6 +507,9 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             yield journal
         finally:
             self._journal = outer
+            if outer is not None:   # nested: what the inner block replaced, the outer one did too
+                for q, ch in journal.items():
+                    outer.setdefault(q, ch)
 
     def restore_chains(self, journal: dict) -> None:
         """Put back the chains recorded by :meth:`recording`, once the

@@ -853,15 +853,16 @@ class LibraSolver(Solver):
     @staticmethod
     def _state_key(ref: _Refiner, snap: _Snapshot) -> tuple:
         """What :meth:`_Refiner.prepare` (without exchange moves) reads of a
-        descent and its snapshot: the options but ``retain_inputs`` (a
+        descent and its snapshot: its class (the bulk move prepares its own
+        way), the options but ``retain_inputs`` (a
         descent's own scoring), the window mode and the timeline's decisions
         (policies, window ends, swap-in floors and waits, retentions).  Two
         descents with one key prepare the same plan: the retained-inputs
         variant often ends where the plain descent does."""
         tl = snap.timeline
-        return (repr(dataclasses.replace(ref.opts, retain_inputs=None)), ref.mode, tl.pol.tobytes(),
-                tl.w_b.tobytes(), tl.floor.tobytes(), tl.wait.tobytes(), tuple(sorted(tl.t_until.items())),
-                tuple(sorted(tl.w_early.items())))
+        return (type(ref).__name__, repr(dataclasses.replace(ref.opts, retain_inputs=None)), ref.mode,
+                tl.pol.tobytes(), tl.w_b.tobytes(), tl.floor.tobytes(), tl.wait.tobytes(),
+                tuple(sorted(tl.t_until.items())), tuple(sorted(tl.w_early.items())))
 
     @staticmethod
     def _cheapest(refs: list[_Refiner], snaps: list[_Snapshot | None], cands: list[tuple], budget: int,

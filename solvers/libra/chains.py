@@ -140,8 +140,16 @@ class ChainReplay:
         storage_off = self._storage_off
         n_outputs, n_recomp, n_time, n_ws = self.n_outputs, self.n_recomp, self.n_rtime, self.n_ws
         h2d, margin1 = self.h2d, 1.0 + self.margin
-        # the closures of the earlier version (live / add / drop / allocated_before) are inlined below: this
-        # loop runs for every candidate evaluation of the descents and the finish
+
+        def allocated_before(s):
+            """Storage ``s`` was allocated before the chain (a tensor of it live, or, for an activation,
+            arriving); cached in ``pre_alloc``, whose lookup the loop below does inline."""
+            v = pre_alloc[s] = any(stc(u) == _LIVE for u in views[s]) or (
+                t_act[s] and any(stc(u) == _ARRIVING for u in views[s]))
+            return v
+
+        # the closures of the earlier version (live / add / drop) are inlined below, and the cache lookup of
+        # allocated_before: this loop runs for every candidate evaluation of the descents and the finish
         for sw, x in steps:
             if sw:
                 if x in resident or stc(x) == _LIVE:
@@ -179,8 +187,7 @@ class ChainReplay:
                 if r == 0:
                     ab = pre_alloc.get(s)
                     if ab is None:
-                        ab = pre_alloc[s] = any(stc(u) == _LIVE for u in views[s]) or (
-                            t_act[s] and any(stc(u) == _ARRIVING for u in views[s]))
+                        ab = allocated_before(s)
                     if not ab:
                         cur += nb[s]
                 refs[s] = r + 1
@@ -206,8 +213,7 @@ class ChainReplay:
                     if refs[s] == 0:
                         ab = pre_alloc.get(s)
                         if ab is None:
-                            ab = pre_alloc[s] = any(stc(u) == _LIVE for u in views[s]) or (
-                                t_act[s] and any(stc(u) == _ARRIVING for u in views[s]))
+                            ab = allocated_before(s)
                         if not ab:
                             cur -= nb[s]
         for t in missing:

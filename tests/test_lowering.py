@@ -550,3 +550,12 @@ def test_swapped_base_read_by_a_later_chain_while_a_view_holds_its_storage():
     free_a = [k for k, line in enumerate(names) if line.split()[1] == "Free(a)"]
     free_s1 = [k for k, line in enumerate(names) if line.split()[1] == "Free(s1)"]
     assert free_a[-1] > free_s1[-1]
+
+
+def test_policy_codes_round_trip_and_are_what_libra_stores():
+    from libra_opt.passes.lowering import Policy
+    from libra_opt.solvers.libra.estimate import KEEP, REC, SWAP
+    assert [p.code for p in Policy] == [KEEP, REC, SWAP] == [0, 1, 2]
+    assert all(Policy.of_code(p.code) is p for p in Policy)
+    with pytest.raises(KeyError):
+        Policy.of_code(3)

@@ -62,11 +62,34 @@ from ..ir.schedule import Compute, Free, Instr, Op, Schedule, SwapIn, SwapOut, W
 
 
 class Policy(str, Enum):
-    """What to do with an activation's storage between its uses."""
+    """What to do with an activation's storage between its uses: the one
+    policy enum of the project.  Its value is the public spelling
+    (``"keep"``, ``"recompute"``, ``"swap"``: schedules, results, the CLI);
+    :attr:`code` is the small integer solvers store per window in ``int8``
+    arrays (``0``, ``1``, ``2``), and :meth:`of_code` maps it back."""
 
     KEEP = "keep"
     RECOMPUTE = "recompute"
     SWAP = "swap"
+
+    @property
+    def code(self) -> int:
+        """The policy as an int: ``0`` keep, ``1`` recompute, ``2`` swap."""
+        return _POLICY_CODES[self]
+
+    @staticmethod
+    def of_code(code: int) -> "Policy":
+        """The policy whose :attr:`code` is ``code``.
+
+        Raises
+        ------
+        KeyError
+            ``code`` is not 0, 1 or 2."""
+        return _POLICY_OF_CODE[int(code)]
+
+
+_POLICY_CODES = {Policy.KEEP: 0, Policy.RECOMPUTE: 1, Policy.SWAP: 2}
+_POLICY_OF_CODE = {c: p for p, c in _POLICY_CODES.items()}
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,6 @@ from libra_opt.ir.problem import ACTIVATION, RematProblem
 from .chains import _ARRIVING, _LIVE, _MISSING, Chain, ChainReplay
 from .reshape import KEEP, REC, SWAP, Reshaper
 from .swaps import SwapLayer, SwapPlanner
-POLICIES = {KEEP: Policy.KEEP, REC: Policy.RECOMPUTE, SWAP: Policy.SWAP}
 NEG = -(1 << 62)
 
 
@@ -274,7 +273,7 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             b = int(self.w_b[j])
             early = self.w_early.get(j) if pol == REC and b != self.orig_b[j] else None
             w = waits.get(int(j), -1) if pol == SWAP else -1
-            out.append(Eviction(int(self.w_s[j]), int(self.w_a[j]), b, POLICIES[pol],
+            out.append(Eviction(int(self.w_s[j]), int(self.w_a[j]), b, Policy.of_code(pol),
                                 prefetch_after=int(self.pos[j]) if pol == SWAP else None,
                                 out_wait=w if w >= 0 else None,
                                 regenerate=early[1] if early is not None and early[0] == b else ()))

@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from libra_opt.passes.lowering import Policy
+
 from .estimate import KEEP, REC, Timeline
 from .explain import REASON_EXCHANGE, explain
 
@@ -323,7 +325,7 @@ def _covered(ref: "_Refiner", budget: int, chained: bool) -> tuple[Timeline, dic
         p = int(np.argmax(m))
         tl.apply(j, REC, eff)
         records[j] = explain(ref.problem, step=-1, storage=int(tl.w_s[j]), after=int(tl.w_a[j]),
-                             before=int(tl.w_b[j]), policy="recompute", nbytes=int(tl.w_bytes[j]),
+                             before=int(tl.w_b[j]), policy=Policy.RECOMPUTE.value, nbytes=int(tl.w_bytes[j]),
                              peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory()[p]),
                              added_s=max(eff.cost_s, 0.0), recompute_s=max(eff.cost_s, 0.0), swap_s=None,
                              reason=REASON_EXCHANGE)

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from libra_opt.passes.lowering import all_windows, default_windows
+from libra_opt.passes.lowering import Policy, all_windows, default_windows
 from libra_opt.ir.problem import RematProblem
 
 from .estimate import KEEP, REC, SWAP, Timeline
@@ -35,7 +35,6 @@ MAX_MERGES = 2
 MAX_EVALS_PER_STEP = 48
 #: option columns: recompute, swap hidden behind compute, delayed swap, swap that waits for its copy out
 _O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
-_NAMES = {REC: "recompute", SWAP: "swap"}
 
 
 @dataclass
@@ -542,7 +541,7 @@ class _Refiner(Finisher):
                 self.used_early = True
         tl.apply(j, mv.policy, mv.eff)
         records[j] = explain(self.problem, step=self.step if tl is self.tl else -1, storage=int(tl.w_s[j]),
-                             after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=_NAMES[mv.policy],
+                             after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=Policy.of_code(mv.policy).value,
                              nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
                              added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
                              reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes,

@@ -21,9 +21,10 @@ rules.
 """
 from __future__ import annotations
 
-from libra_opt.passes.lowering import Retain
+from libra_opt.passes.lowering import Policy, Retain
 
-KEEP, REC, SWAP = 0, 1, 2   #: window policies of the estimate
+#: window policies of the estimate, as ints (:attr:`Policy.code`) for its int8 arrays and hot loops
+KEEP, REC, SWAP = Policy.KEEP.code, Policy.RECOMPUTE.code, Policy.SWAP.code
 
 
 class Reshaper:

@@ -50,6 +50,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from libra_opt.ir.units import format_seconds
+from libra_opt.passes.lowering import Policy
 
 from .estimate import REC, SWAP, Timeline
 from .exchange import undo_pass
@@ -68,7 +69,6 @@ MAX_REC_TRIES = 48
 #: relative saving a switch must bring to be taken
 MIN_GAIN = 1e-9
 
-_NAMES = {REC: "recompute", SWAP: "swap"}
 
 
 def _switchable(ref: "_Refiner", tl: Timeline, j: int, policy: int) -> bool:
@@ -120,7 +120,7 @@ def _score(tl: Timeline, j: int, policy: int, budget: int):
 def _record(records: dict, j: int, policy: int, eff, saved_s: float) -> None:
     """``records[j]`` after window ``j`` moved to ``policy`` (reason :data:`REASON_POLICY_SWITCH`)."""
     d = records[j]
-    name, was = _NAMES[policy], d.policy
+    name, was = Policy.of_code(policy).value, d.policy
     why = ("its stalls and the copy-queue time it held are freed" if policy == REC
            else "the copy queues have room for it")
     detail = (d.detail.split(": ", 1)[0].replace(was, name, 1)

@@ -278,7 +278,7 @@ class LibraBackend:
 
         from .runtime.inductor import InductorCompiler, resolve_executor
         from .runtime.partition import lower_plan
-        from .runtime.swap import SwapManager, _align
+        from .runtime.swap import SwapManager
 
         passes = apply_joint_passes(joint, num_fwd_outputs)
         with unset_fake_temporarily():      # AOTAutograd traces under a fake mode; the profile runs real ops
@@ -288,7 +288,7 @@ class LibraBackend:
             self._plan(graph, step)
         graph._swap = SwapManager(step.device)
         swapped = graph.plan.schedule.swapped_tensors()
-        graph._swap.pool.reserve(sum(_align(graph.problem.tensors[t].nbytes) for t in swapped))
+        graph._swap.pool.reserve_buffers(graph.problem.tensors[t].nbytes for t in swapped)
         if graph.executor == "inductor":
             graph._inductor = InductorCompiler(graph._swap, has_swaps=bool(swapped))
         graph.lowered = lower_plan(joint, num_fwd_outputs, graph.problem, graph.plan.schedule, graph._swap)
@@ -339,23 +339,22 @@ class LibraBackend:
     def _compile_inference(self, graph: CompiledGraph, gm: fx.GraphModule, example_inputs):
         """AOTAutograd's inference graph (no grad): run as it is, or by
         Inductor with ``executor="inductor"`` (on CUDA by default)."""
-        from functorch.compile import make_boxed_func
-
         from .runtime.inductor import InductorCompiler, resolve_executor
+        from .runtime.module import eager_boxed
         from .runtime.swap import SwapManager
 
         device = next((t.device for t in example_inputs if isinstance(t, torch.Tensor)), torch.device("cpu"))
         graph.executor = resolve_executor(self.executor, device)
         if graph.executor == "inductor":
             return InductorCompiler(SwapManager(device), has_swaps=False).forward(gm, example_inputs)
-        return make_boxed_func(gm.forward)
+        return eager_boxed(gm, example_inputs)
 
 
 def _break_budget_rule(budget) -> str:
     """How a budget applies to the graphs of a broken model (see the module docstring)."""
-    from .ir.units import _classify
+    from .ir.units import classify_budget
 
-    kind, _ = _classify(budget)
+    kind, _ = classify_budget(budget)
     if kind == "fraction":
         return f"budget {budget!r}: that share of each graph's own no-remat peak"
     return (f"budget {budget!r} for each graph alone: the activations earlier graphs keep for their backward "
@@ -443,9 +442,9 @@ def _captured_step(joint: fx.GraphModule, num_fwd_outputs: int, primals: list, k
                    name: str) -> CapturedStep:
     """The :class:`~libra_opt.capture.CapturedStep` of a joint graph AOTAutograd traced for a Dynamo graph
     whose inputs are ``primals`` (real tensors, or fake ones replaced by zeros)."""
-    from .frontend.capture import _check_data_independent
+    from .frontend.capture import check_data_independent
 
-    _check_data_independent(joint, name)
+    check_data_independent(joint, name)
     primals = [_real(t) for t in primals]
     step = CapturedStep(joint=joint, num_fwd_outputs=num_fwd_outputs, primals=primals, primal_kinds=list(kinds),
                         tangents=[], autocast_dtype=None, model_name=name, passes=dict(passes))

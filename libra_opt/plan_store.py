@@ -122,9 +122,9 @@ def _device_description(device: torch.device) -> dict:
         from .runtime.memory import cuda_index
 
         return {"type": "cuda", "name": torch.cuda.get_device_name(cuda_index(device))}
-    from .frontend.profiling import _cpu_name
+    from .frontend.profiling import cpu_name
 
-    return {"type": device.type, "name": _cpu_name() if device.type == "cpu" else device.type,
+    return {"type": device.type, "name": cpu_name() if device.type == "cpu" else device.type,
             "threads": torch.get_num_threads()}
 
 

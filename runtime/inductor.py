@@ -412,7 +412,7 @@ class InductorCompiler:
         self.cuda_graph_input_bytes = 0
         self.fallback_random = False
         self.compiled: dict[str, fx.GraphModule] = {}
-        offload_ops._register_inductor_lowerings()
+        offload_ops.register_inductor_lowerings()
 
     def _config(self):
         from torch._inductor import config

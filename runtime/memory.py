@@ -49,7 +49,7 @@ from .executor import StorageTracker
 logger = logging.getLogger(__name__)
 
 __all__ = ["DeviceMemory", "CudaMemory", "TrackerMemory", "FakeCachingAllocator", "memory_for",
-           "configure_allocator", "release_cached", "cuda_index", "EXPANDABLE_ENV"]
+           "configure_allocator", "release_cached", "cuda_index", "is_out_of_memory", "EXPANDABLE_ENV"]
 
 #: environment variable: ``0`` keeps libra-opt from turning on expandable segments
 EXPANDABLE_ENV = "LIBRA_OPT_EXPANDABLE_SEGMENTS"
@@ -93,6 +93,29 @@ def release_cached(device: torch.device | str | None = None) -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` means the device ran out of memory: a
+    ``torch.OutOfMemoryError`` (``torch.cuda.OutOfMemoryError`` before torch
+    2.5), or a ``RuntimeError`` saying "out of memory" or
+    ``CUBLAS_STATUS_ALLOC_FAILED`` (cuBLAS / cuDNN workspace allocations),
+    found in ``e`` or in an exception it wraps (``__cause__``,
+    ``__context__``, TorchDynamo's ``inner_exception``).  Used by the closed
+    loop (:func:`~libra_opt.calibrate.measure_step`) and the max-batch
+    probes (:func:`~libra_opt.batch_search.oom_safe`).  Never raises."""
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if oom and isinstance(e, oom):
+            return True
+        # cuBLAS / cuDNN workspace allocations fail with a RuntimeError
+        if isinstance(e, RuntimeError) and ("out of memory" in str(e).lower()
+                                            or "CUBLAS_STATUS_ALLOC_FAILED" in str(e)):
+            return True
+        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
+    return False
 
 
 _configured: str | None = None

@@ -44,14 +44,20 @@ from libra_opt.ir.problem import RematProblem
 
 from .inductor import InductorCompiler, check_cuda_graphs, resolve_executor
 from .partition import LoweredPlan, lower_plan
-from .swap import SwapManager, _align
+from .swap import SwapManager
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OptimizedModule"]
+__all__ = ["OptimizedModule", "eager_boxed"]
 
 
-def _eager_boxed(gm, example_inputs):
+def eager_boxed(gm, example_inputs):
+    """An AOTAutograd compiler that runs ``gm`` as it is: ``gm.forward``
+    wrapped for the boxed calling convention (inputs as one list, cleared by
+    the callee; ``functorch.compile.make_boxed_func``).  Used for the
+    inference graph of an optimized module (no plan runs without grad) and for
+    the pieces :func:`~libra_opt.runtime.split.capture_pieces` compiles while
+    capturing.  ``example_inputs`` is unused (the compiler signature)."""
     from functorch.compile import make_boxed_func
 
     return make_boxed_func(gm.forward)
@@ -204,7 +210,7 @@ class OptimizedModule(nn.Module):
         ``None``), and the compiled step."""
         self.swap = SwapManager(self.device)
         swapped = self.plan.schedule.swapped_tensors()
-        self.swap.pool.reserve(sum(_align(self.problem.tensors[t].nbytes) for t in swapped))
+        self.swap.pool.reserve_buffers(self.problem.tensors[t].nbytes for t in swapped)
         self.inductor = (InductorCompiler(self.swap, has_swaps=bool(swapped), cuda_graphs=self.cuda_graphs)
                          if self.executor == "inductor" else None)
         self.lowered: LoweredPlan | None = None
@@ -347,7 +353,7 @@ class OptimizedModule(nn.Module):
         return aot_autograd(fw_compiler=partial(self._fw_compiler, shape_plan=shape_plan),
                             bw_compiler=partial(self._bw_compiler, shape_plan=shape_plan),
                             partition_fn=partial(self._partition, shape_plan=shape_plan),
-                            inference_compiler=_eager_boxed)(gm, example_inputs)
+                            inference_compiler=eager_boxed)(gm, example_inputs)
 
     def _partition(self, joint, joint_inputs, *, num_fwd_outputs, shape_plan: ShapePlan | None = None, **kwargs):
         apply_joint_passes(joint, num_fwd_outputs)
@@ -555,7 +561,7 @@ class OptimizedModule(nn.Module):
             problem, plan = self.planner.plan(self.model, args, kwargs, dtype, key)
         swapped = plan.schedule.swapped_tensors()
         check_cuda_graphs(self.cuda_graphs, self.executor, self.device, len(swapped))
-        self.swap.pool.reserve(sum(_align(problem.tensors[t].nbytes) for t in swapped))
+        self.swap.pool.reserve_buffers(problem.tensors[t].nbytes for t in swapped)
         sp = ShapePlan(key, problem, plan, dtype)
         if self.executor == "inductor":
             sp.inductor = InductorCompiler(self.swap, has_swaps=bool(swapped), cuda_graphs=self.cuda_graphs)

@@ -65,12 +65,11 @@ from torch.fx.node import has_side_effect
 
 from libra_opt.errors import RuntimeExecutionError
 
-from .executor import untracked
-from .swap import check_graph_not_retained
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["register_manager", "manager", "offload", "reload", "wait", "wait_offload", "poll", "SWAP_OPS"]
+__all__ = ["register_manager", "manager", "offload", "reload", "wait", "wait_offload", "poll", "SWAP_OPS",
+           "register_inductor_lowerings"]
 
 _managers: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
@@ -112,15 +111,7 @@ _lib.define("poll(int manager) -> ()")
 
 
 def _offload(t: torch.Tensor, mid: int) -> torch.Tensor:
-    sw = manager(mid)
-    nbytes = t.numel() * t.element_size()
-    with untracked():
-        buf = sw.pool.acquire(nbytes)
-        host = buf.view(t.dtype).view(t.shape) if nbytes else torch.empty(t.shape, dtype=t.dtype)
-        sw.copy_out(host, t, t)              # t stays alive until its copy has finished (poll drops it)
-    sw._host_bufs[host.data_ptr()] = buf
-    sw.d2h_bytes += nbytes
-    return host
+    return manager(mid).op_offload(t)
 
 
 def _offload_fake(t: torch.Tensor, mid: int) -> torch.Tensor:
@@ -128,20 +119,7 @@ def _offload_fake(t: torch.Tensor, mid: int) -> torch.Tensor:
 
 
 def _reload(host: torch.Tensor, mid: int, device: torch.device, size, stride, last: bool) -> torch.Tensor:
-    sw = manager(mid)
-    check_graph_not_retained()
-    out = torch.empty_strided(tuple(size), tuple(stride), dtype=host.dtype, device=device)
-    with untracked():
-        ev = sw._copy(out, host)
-        if ev is not None:
-            sw._events[out.data_ptr()] = ev
-        if last:
-            buf = sw._host_bufs.pop(host.data_ptr(), None)
-            if buf is not None:
-                sw.pool.release(buf)
-        sw.poll()
-    sw.h2d_bytes += host.numel() * host.element_size()
-    return out
+    return manager(mid).op_reload(host, device, size, stride, last)
 
 
 def _reload_fake(host, mid, device, size, stride, last):
@@ -149,12 +127,7 @@ def _reload_fake(host, mid, device, size, stride, last):
 
 
 def _wait(t: torch.Tensor, mid: int) -> None:
-    sw = manager(mid)
-    ev = sw._events.pop(t.data_ptr(), None)
-    if ev is not None:
-        torch.cuda.current_stream(sw.device).wait_event(ev)
-    if sw._inflight:
-        sw.poll()
+    manager(mid).op_wait(t)
 
 
 def _wait_fake(t, mid) -> None:
@@ -194,11 +167,14 @@ for _op in SWAP_OPS:
     has_side_effect(_op)
 
 
-def _register_inductor_lowerings() -> None:
+def register_inductor_lowerings() -> None:
     """Lower each swap operator to an Inductor fallback kernel (a call of the
     operator in the generated code) that reports side effects, so Inductor's
     scheduler never eliminates it (torch 2.11's ``FallbackKernel`` only
-    counts mutating operators as side-effecting)."""
+    counts mutating operators as side-effecting).  Idempotent: an operator
+    that already has a lowering is left as it is.  Called by
+    :class:`~libra_opt.runtime.inductor.InductorCompiler`.  Source:
+    ``torch._inductor.lowering`` (``fallback_handler``, ``register_lowering``)."""
     from torch._inductor import lowering as L
     from torch._inductor.virtualized import V
 

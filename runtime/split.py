@@ -67,9 +67,9 @@ from libra_opt.errors import InfeasibleBudgetError, LibraOptError, RuntimeExecut
 from libra_opt.ir.problem import RematProblem
 
 from .inductor import InductorCompiler
-from .module import OptimizedModule, _eager_boxed
+from .module import OptimizedModule, eager_boxed
 from .partition import forward_split, lower_plan
-from .swap import SwapManager, _align
+from .swap import SwapManager
 
 logger = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ def capture_pieces(model: nn.Module, args: tuple = (), kwargs: dict | None = Non
     from torch._functorch.partitioners import default_partition
 
     from libra_opt.frontend.calibrate import preserved_state
-    from libra_opt.frontend.capture import _Captured, _capture_into, _check_data_independent, _finish_capture
+    from libra_opt.frontend.capture import GraphCaptured, finish_capture, run_capture
 
     kwargs = dict(kwargs or {})
     name = type(model).__name__
@@ -170,7 +170,7 @@ def capture_pieces(model: nn.Module, args: tuple = (), kwargs: dict | None = Non
             return default_partition(fx.GraphModule(joint, joint.graph.__deepcopy__()), joint_inputs,
                                      num_fwd_outputs=num_fwd_outputs, **kw)
 
-        return aot_autograd(fw_compiler=_eager_boxed, bw_compiler=_eager_boxed,
+        return aot_autograd(fw_compiler=eager_boxed, bw_compiler=eager_boxed,
                             partition_fn=partition)(gm, example_inputs)
 
     def backend(gm, example_inputs):
@@ -179,7 +179,7 @@ def capture_pieces(model: nn.Module, args: tuple = (), kwargs: dict | None = Non
         with preserved_state(model), torch.no_grad():
             for box, real in zip(pieces, _piece_inputs(split, pieces, example_inputs)):
                 box["primals"] = real
-        raise _Captured()
+        raise GraphCaptured()
 
     shapes: list = []
     compiled = torch.compile(step_function(model, loss_fn, autocast_dtype=autocast_dtype), backend=backend,
@@ -187,10 +187,8 @@ def capture_pieces(model: nn.Module, args: tuple = (), kwargs: dict | None = Non
     try:
         with no_ddp_split():
             # the first piece through capture's own checks and error messages
-            steps = [_capture_into(_FirstPiece(pieces), compiled, model, args, kwargs, autocast_dtype, name)]
-        for box in pieces[1:]:
-            _check_data_independent(box["joint"], name)
-            steps.append(_finish_capture(model, box, autocast_dtype, name))
+            steps = [run_capture(_FirstPiece(pieces), compiled, model, args, kwargs, autocast_dtype, name)]
+        steps += [finish_capture(model, box, autocast_dtype, name) for box in pieces[1:]]
     finally:
         pieces.clear()
     for s in steps:
@@ -200,7 +198,7 @@ def capture_pieces(model: nn.Module, args: tuple = (), kwargs: dict | None = Non
 
 
 class _FirstPiece(dict):
-    """The first piece's capture box, read by :func:`libra_opt.capture._capture_into`
+    """The first piece's capture box, read by :func:`libra_opt.frontend.capture.run_capture`
     after the backend has filled the list of pieces."""
 
     def __init__(self, pieces: list):
@@ -458,7 +456,7 @@ class SplitOptimizedModule(OptimizedModule):
     def _build_runtime(self) -> None:
         self.swap = SwapManager(self.device)
         swapped = [(p, r.schedule.swapped_tensors()) for p, r in zip(self.problems, self.plan.pieces)]
-        self.swap.pool.reserve(sum(_align(p.tensors[t].nbytes) for p, ts in swapped for t in ts))
+        self.swap.pool.reserve_buffers(p.tensors[t].nbytes for p, ts in swapped for t in ts)
         self.inductors = [InductorCompiler(self.swap, has_swaps=bool(ts), cuda_graphs=self.cuda_graphs)
                           if self.executor == "inductor" else None for _, ts in swapped]
         self.inductor = None
@@ -507,7 +505,7 @@ class SplitOptimizedModule(OptimizedModule):
             return compile_
 
         return aot_autograd(fw_compiler=compiler(True), bw_compiler=compiler(False), partition_fn=partition,
-                            inference_compiler=_eager_boxed)(gm, example_inputs)
+                            inference_compiler=eager_boxed)(gm, example_inputs)
 
     def forward(self, *args, **kwargs):
         """As :meth:`OptimizedModule.forward`; inside a DDP forward, checks that

@@ -90,6 +90,13 @@ class HostBufferPool:
         if nbytes > 0 and (self._chunk is None or self._chunk.numel() - self._offset < nbytes):
             self._new_chunk(_align(nbytes))
 
+    def reserve_buffers(self, sizes) -> None:
+        """:meth:`reserve` room for one buffer of each size in ``sizes`` (bytes,
+        e.g. the storages a plan swaps), each rounded up as :meth:`acquire`
+        rounds it (to 512 bytes), so that acquiring them all makes no further
+        host allocation."""
+        self.reserve(sum(_align(n) for n in sizes))
+
     def _new_chunk(self, size: int) -> None:
         with untracked():
             self._chunk = torch.empty(size, dtype=torch.uint8, pin_memory=self.pin)
@@ -263,5 +270,55 @@ class SwapManager:
         if entry is not None:
             torch.cuda.current_stream(self.device).wait_event(entry[0])
             entry[1] = None
+        if self._inflight:
+            self.poll()
+
+    # ------------------------------------------------------------ the libra:: operators' steps
+    # (runtime/offload_ops.py: in compiled graphs a tensor carries no attribute, so reload events and
+    # host buffers are found by data pointer)
+    def op_offload(self, t: torch.Tensor) -> torch.Tensor:
+        """``libra::offload``: copy ``t`` into a pooled host buffer; returns the
+        host tensor (``t``'s dtype and shape, on the CPU).  ``t`` stays alive
+        until its copy has finished (:meth:`poll`); the buffer goes back to the
+        pool at the last :meth:`op_reload` of it."""
+        nbytes = t.numel() * t.element_size()
+        with untracked():
+            buf = self.pool.acquire(nbytes)
+            host = buf.view(t.dtype).view(t.shape) if nbytes else torch.empty(t.shape, dtype=t.dtype)
+            self.copy_out(host, t, t)              # t stays alive until its copy has finished (poll drops it)
+        self._host_bufs[host.data_ptr()] = buf
+        self.d2h_bytes += nbytes
+        return host
+
+    def op_reload(self, host: torch.Tensor, device: torch.device, size, stride, last: bool) -> torch.Tensor:
+        """``libra::reload``: allocate a tensor of ``size`` / ``stride`` (elements)
+        on ``device`` (the compute stream) and copy ``host`` into it on the
+        transfer stream; :meth:`op_wait` waits for that copy.  ``last``: this
+        is the host buffer's last reload (it goes back to the pool).
+
+        Raises
+        ------
+        RuntimeExecutionError
+            As :func:`check_graph_not_retained`."""
+        check_graph_not_retained()
+        out = torch.empty_strided(tuple(size), tuple(stride), dtype=host.dtype, device=device)
+        with untracked():
+            ev = self._copy(out, host)
+            if ev is not None:
+                self._events[out.data_ptr()] = ev
+            if last:
+                buf = self._host_bufs.pop(host.data_ptr(), None)
+                if buf is not None:
+                    self.pool.release(buf)
+            self.poll()
+        self.h2d_bytes += host.numel() * host.element_size()
+        return out
+
+    def op_wait(self, t: torch.Tensor) -> None:
+        """``libra::wait``: make the compute stream wait for the
+        :meth:`op_reload` that made ``t`` (none on a CPU)."""
+        ev = self._events.pop(t.data_ptr(), None)
+        if ev is not None:
+            torch.cuda.current_stream(self.device).wait_event(ev)
         if self._inflight:
             self.poll()

@@ -192,7 +192,7 @@ def test_swap_ops_survive_inductor_and_run_in_order():
     sw = Counting("cpu")
     mid = offload_ops.register_manager(sw)
     assert offload_ops.manager(mid) is sw
-    offload_ops._register_inductor_lowerings()
+    offload_ops.register_inductor_lowerings()
 
     def f(x):
         y = x.sin()

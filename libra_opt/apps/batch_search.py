@@ -216,23 +216,6 @@ def _bar(progress, desc: str):
     return None
 
 
-def _is_oom(e: BaseException) -> bool:
-    """True if ``e`` (or an exception it wraps: ``__cause__``, ``__context__``,
-    Dynamo's ``inner_exception``) is an out-of-memory error."""
-    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", ())
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if oom and isinstance(e, oom):
-            return True
-        # cuBLAS / cuDNN workspace allocations fail with a RuntimeError
-        if isinstance(e, RuntimeError) and ("out of memory" in str(e).lower()
-                                            or "CUBLAS_STATUS_ALLOC_FAILED" in str(e)):
-            return True
-        e = getattr(e, "inner_exception", None) or e.__cause__ or e.__context__
-    return False
-
-
 def free_device_memory() -> None:
     """Collect garbage and return cached CUDA blocks to the driver
     (:func:`libra_opt.runtime.memory.release_cached`), so the next probe
@@ -281,7 +264,9 @@ def oom_safe(step: Callable[[int], Any]) -> Callable[[int], Trial]:
         except _NO_FIT_ERRORS as e:
             reason = f"no plan: {e}"
         except Exception as e:  # noqa: BLE001 - re-raised unless it is an OOM
-            if not _is_oom(e):
+            from ..runtime.memory import is_out_of_memory
+
+            if not is_out_of_memory(e):
                 raise
             reason = "out of memory: " + (str(e).splitlines() or [""])[0][:160]
         if reason is not None or torch.cuda.is_available():

@@ -87,9 +87,9 @@ def gpt2_cpu(batch: int, seq: int | None = None, device: str | torch.device = "c
         ``input_ids`` and ``labels`` of shape ``(batch, seq)``; the loss is
         the model's causal-LM loss.
     """
-    from .zoo import ZooModel, _transformers_classes
+    from .zoo import ZooModel, transformers_classes
 
-    GPT2Config, GPT2LMHeadModel = _transformers_classes("GPT2Config", "GPT2LMHeadModel")  # noqa: N806
+    GPT2Config, GPT2LMHeadModel = transformers_classes("GPT2Config", "GPT2LMHeadModel")  # noqa: N806
 
     seq = int(seq or 128)
     vocab = 8192

@@ -40,7 +40,7 @@ import torch
 from .batch_search import SearchResult, Trial, free_device_memory, oom_safe, search_max_batch
 from ..errors import InfeasibleBudgetError, LibraOptError
 from ..runtime.memory import CudaMemory, configure_allocator, cuda_index, release_cached
-from .train_methods import (DEFAULT_RESERVE, REFERENCE_METHODS, TrainStep, _OptimizedStep, make_train_step,
+from .train_methods import (DEFAULT_RESERVE, REFERENCE_METHODS, OptimizedStep, TrainStep, make_train_step,
                             measure_resident, method_names, reserve_bytes, time_steps)
 from ..ir.units import format_bytes, parse_bytes
 
@@ -364,7 +364,7 @@ def search_under_cap(model: str, cap: int, method: str, *, memory, capped: Calla
             om = optimize(zm.model, zm.args, budget, solver=method, example_kwargs=zm.kwargs,
                           autocast_dtype=autocast_dtype, loss_fn=zm.loss_fn, calibrate=calibrate,
                           max_calibrations=max_calibrations, problem_builder=builder, **opts)
-            box.append(_OptimizedStep(om, zm, loss_in_module=zm.loss_fn is not None))
+            box.append(OptimizedStep(om, zm, loss_in_module=zm.loss_fn is not None))
             info.update(module=om, planned_peak_bytes=resident.reserved_bytes + int(om.plan.peak_bytes),
                         solver_budget_bytes=int(om.plan.budget_bytes), calibration=list(om.calibration))
         else:

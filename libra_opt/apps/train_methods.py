@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 __all__ = ["REFERENCE_METHODS", "DEFAULT_RESERVE", "method_names", "checkpoint_blocks", "fixed_memory_bytes",
-           "reserve_bytes", "solver_budget", "TrainStep", "make_train_step", "optimize_zoo", "time_steps", "ResidentMemory",
+           "reserve_bytes", "solver_budget", "TrainStep", "make_train_step", "optimize_zoo", "OptimizedStep", "time_steps", "ResidentMemory",
            "init_optimizer_state", "measure_resident"]
 
 #: PyTorch reference methods (not solvers): name -> what it does
@@ -462,9 +462,25 @@ def make_train_step(method: str, zm: "ZooModel", *, budget: Any = None, autocast
     return TrainStep(lambda: om.loss(), model.parameters(), device, lr=lr, autocast_dtype=None, module=om)
 
 
-class _OptimizedStep:
-    """Adapter over :func:`libra_opt.optimize`'s module: ``loss()`` runs the
-    planned forward and returns the scalar loss."""
+class OptimizedStep:
+    """A zoo model's training step through an optimized module
+    (:func:`libra_opt.optimize`'s): ``loss()`` runs the planned forward on the
+    zoo model's example inputs and returns the scalar loss (the model's own
+    loss when ``loss_in_module``, else ``zm.loss_fn`` of the output, else the
+    output's sum); ``loss().backward()`` runs the planned backward.
+
+    Attributes
+    ----------
+    om : OptimizedModule
+    zm : ZooModel
+    loss_in_module : bool
+        The optimized module returns the loss itself (it was optimized with
+        ``loss_fn``).
+    plan : SolveResult or None
+        ``om.plan``.
+    problem : RematProblem or None
+        ``om.problem``.
+    """
 
     def __init__(self, om, zm: "ZooModel", loss_in_module: bool):
         self.om = om
@@ -474,6 +490,7 @@ class _OptimizedStep:
         self.problem = getattr(om, "problem", None)
 
     def loss(self) -> torch.Tensor:
+        """One planned forward; the scalar loss (a 0-dim tensor)."""
         out = self.om(*self.zm.args, **self.zm.kwargs)
         if self.loss_in_module or self.zm.loss_fn is None:
             return out if out.dim() == 0 else out.sum()
@@ -481,7 +498,7 @@ class _OptimizedStep:
 
 
 def optimize_zoo(zm: "ZooModel", *, budget: Any, solver: str = "libra", autocast_dtype: torch.dtype | None = None,
-                 **solver_options) -> _OptimizedStep:
+                 **solver_options) -> OptimizedStep:
     """:func:`libra_opt.optimize` on a :class:`~libra_opt.zoo.ZooModel`, with
     its loss; returns an object whose ``loss()`` runs one planned forward and
     ``plan`` / ``problem`` are the optimizer's.  Raises what ``optimize``
@@ -490,7 +507,7 @@ def optimize_zoo(zm: "ZooModel", *, budget: Any, solver: str = "libra", autocast
 
     om = optimize(zm.model, zm.args, budget=budget, solver=solver, example_kwargs=zm.kwargs,
                   autocast_dtype=autocast_dtype, loss_fn=zm.loss_fn, **solver_options)
-    return _OptimizedStep(om, zm, loss_in_module=zm.loss_fn is not None)
+    return OptimizedStep(om, zm, loss_in_module=zm.loss_fn is not None)
 
 
 def _device_of(zm: "ZooModel") -> torch.device:

@@ -48,7 +48,7 @@ from ..errors import LibraOptError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ZooModel", "ZooError", "build_model", "known_models", "MODELS"]
+__all__ = ["ZooModel", "ZooError", "build_model", "known_models", "transformers_classes", "MODELS"]
 
 
 class ZooError(LibraOptError, ValueError):
@@ -114,79 +114,74 @@ class _Entry:
 
 
 # ------------------------------------------------------------------ builders
-def _transformers_classes(*names: str) -> tuple:
-    """``transformers.<name>`` for each name; raises
-    :class:`~libra_opt.errors.MissingExtraError` (``libra-opt[zoo]``) when
-    ``transformers`` is not installed."""
+def transformers_classes(*names: str) -> tuple:
+    """``transformers.<name>`` for each name, in order (e.g.
+    ``transformers_classes("GPT2Config", "GPT2LMHeadModel")``), importing
+    ``transformers`` on first use.
+
+    Raises
+    ------
+    MissingExtraError
+        ``transformers`` is not installed; the message gives
+        ``pip install libra-opt[zoo]``.
+    AttributeError
+        This ``transformers`` has no class of that name.
+    """
     from ..extras import require
 
     transformers = require("transformers", "zoo", "the model zoo")
     return tuple(getattr(transformers, n) for n in names)
 
 
-def _gpt2(n_layer, n_embd, n_head, vocab, n_positions):
+def _hf(config: str, model: str, config_kwargs: Callable[[float, int], dict], loss_type: str | None = None):
+    """A zoo builder ``(dropout, seq) -> model``: ``transformers.<model>(transformers.<config>(
+    **config_kwargs(dropout, seq)))``, its ``loss_type`` set when given (the loss the model computes
+    from ``labels``).  Raises what :func:`transformers_classes` and ``config_kwargs`` raise."""
     def build(dropout, seq):
-        GPT2Config, GPT2LMHeadModel = _transformers_classes("GPT2Config", "GPT2LMHeadModel")
-
-        cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab,
-                         n_positions=max(n_positions, seq), resid_pdrop=dropout, embd_pdrop=dropout,
-                         attn_pdrop=dropout, use_cache=False, bos_token_id=vocab - 1, eos_token_id=vocab - 1)
-        m = GPT2LMHeadModel(cfg)
-        m.loss_type = "ForCausalLM"
+        config_cls, model_cls = transformers_classes(config, model)
+        m = model_cls(config_cls(**config_kwargs(dropout, seq)))
+        if loss_type is not None:
+            m.loss_type = loss_type
         return m
     return build
+
+
+def _gpt2(n_layer, n_embd, n_head, vocab, n_positions):
+    return _hf("GPT2Config", "GPT2LMHeadModel", lambda dropout, seq: dict(
+        n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=max(n_positions, seq),
+        resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, use_cache=False, bos_token_id=vocab - 1,
+        eos_token_id=vocab - 1), "ForCausalLM")
 
 
 def _bert(layers, hidden, heads, intermediate, vocab, max_pos):
-    def build(dropout, seq):
-        BertConfig, BertForMaskedLM = _transformers_classes("BertConfig", "BertForMaskedLM")
-
-        cfg = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                         intermediate_size=intermediate, vocab_size=vocab,
-                         max_position_embeddings=max(max_pos, seq), hidden_dropout_prob=dropout,
-                         attention_probs_dropout_prob=dropout)
-        m = BertForMaskedLM(cfg)
-        m.loss_type = "ForMaskedLM"
-        return m
-    return build
+    return _hf("BertConfig", "BertForMaskedLM", lambda dropout, seq: dict(
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, intermediate_size=intermediate,
+        vocab_size=vocab, max_position_embeddings=max(max_pos, seq), hidden_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout), "ForMaskedLM")
 
 
 def _llama(layers, hidden, heads, kv_heads, intermediate, vocab):
-    def build(dropout, seq):
-        LlamaConfig, LlamaForCausalLM = _transformers_classes("LlamaConfig", "LlamaForCausalLM")
-
-        cfg = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                          num_key_value_heads=kv_heads, intermediate_size=intermediate, vocab_size=vocab,
-                          max_position_embeddings=max(2048, seq), attention_dropout=dropout, use_cache=False)
-        m = LlamaForCausalLM(cfg)
-        m.loss_type = "ForCausalLM"
-        return m
-    return build
+    return _hf("LlamaConfig", "LlamaForCausalLM", lambda dropout, seq: dict(
+        num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        intermediate_size=intermediate, vocab_size=vocab, max_position_embeddings=max(2048, seq),
+        attention_dropout=dropout, use_cache=False), "ForCausalLM")
 
 
 def _vit(layers, hidden, heads, intermediate, patch, labels):
-    def build(dropout, seq):
-        ViTConfig, ViTForImageClassification = _transformers_classes("ViTConfig", "ViTForImageClassification")
-
+    def config(dropout, seq):
         if seq % patch:
             raise ZooError(f"ViT image size {seq} is not a multiple of its patch size {patch}; "
                            f"pass a --seq that is")
-        cfg = ViTConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                        intermediate_size=intermediate, patch_size=patch, image_size=seq, num_labels=labels,
-                        hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-        return ViTForImageClassification(cfg)
-    return build
+        return dict(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                    intermediate_size=intermediate, patch_size=patch, image_size=seq, num_labels=labels,
+                    hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    return _hf("ViTConfig", "ViTForImageClassification", config)
 
 
 def _resnet(embedding, hidden_sizes, depths, layer_type, labels):
-    def build(dropout, seq):
-        ResNetConfig, ResNetForImageClassification = _transformers_classes(  # noqa: N806
-            "ResNetConfig", "ResNetForImageClassification")
-
-        cfg = ResNetConfig(embedding_size=embedding, hidden_sizes=list(hidden_sizes), depths=list(depths),
-                           layer_type=layer_type, num_labels=labels)
-        return ResNetForImageClassification(cfg)
-    return build
+    return _hf("ResNetConfig", "ResNetForImageClassification", lambda dropout, seq: dict(
+        embedding_size=embedding, hidden_sizes=list(hidden_sizes), depths=list(depths), layer_type=layer_type,
+        num_labels=labels))
 
 
 #: zoo name -> entry (kind, builder, default sequence length / image side, description)

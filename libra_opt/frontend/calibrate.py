@@ -99,7 +99,7 @@ def measure_step(run: Callable[[], Any], memory, *, module: Any = None, steps: i
         device): the peaks are then those reached before it failed, and the
         failed step's memory has been released.
     """
-    from ..apps.batch_search import _is_oom
+    from ..runtime.memory import is_out_of_memory
 
     memory.synchronize()
     memory.empty_cache()
@@ -111,7 +111,7 @@ def measure_step(run: Callable[[], Any], memory, *, module: Any = None, steps: i
             for _ in range(max(1, int(steps))):
                 run()
     except Exception as e:  # noqa: BLE001 - re-raised unless it is an out-of-memory error
-        if not _is_oom(e):
+        if not is_out_of_memory(e):
             raise
         oom = True
     out = StepMemory(before, memory.peak_allocated() - before, memory.peak_reserved() - before, oom)

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["CapturedStep", "capture", "step_function", "autocast_context", "example_input_shapes",
            "check_example_shapes", "example_tangents", "build_problem", "mutated_primals", "node_phase", "tensor_values", "fx_tensor_name",
-           "OPTIMIZER_STATE_FACTOR"]
+           "OPTIMIZER_STATE_FACTOR", "GraphCaptured", "run_capture", "finish_capture", "check_data_independent"]
 
 #: bytes of optimizer state per byte of trainable parameters
 OPTIMIZER_STATE_FACTOR = {"none": 0, "sgd": 1, "adam": 2, "adamw": 2}
@@ -112,8 +112,12 @@ class CapturedStep:
         return prim, tang
 
 
-class _Captured(Exception):
-    """Raised by the partition hook to stop compilation once the joint graph is in hand."""
+class GraphCaptured(Exception):
+    """Raised by a capture backend's partition hook to stop compilation once
+    the joint graph is in hand (:func:`capture`,
+    :func:`~libra_opt.runtime.split.capture_pieces`); :func:`run_capture`
+    catches it, also when TorchDynamo wraps it in ``BackendCompilerFailed``.
+    Never reaches the user."""
 
 
 def _never_compile(gm, example_inputs):  # pragma: no cover - compilation is aborted before
@@ -233,7 +237,7 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         box["passes"].update(apply_joint_passes(joint, num_fwd_outputs))
         box["joint"] = joint
         box["num_fwd_outputs"] = num_fwd_outputs
-        raise _Captured()
+        raise GraphCaptured()
 
     def backend(gm, example_inputs):
         box["primals"] = list(example_inputs)
@@ -244,7 +248,7 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
     name = type(model).__name__
     compiled = torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
     try:
-        return _capture_into(box, compiled, model, args, kwargs, autocast_dtype, name)
+        return run_capture(box, compiled, model, args, kwargs, autocast_dtype, name)
     finally:
         # TorchDynamo may keep the backend (and so ``box``) alive after this call: without this, the
         # parameters and their gradients of every captured model stay allocated (seen across max-batch
@@ -252,22 +256,48 @@ def capture(model: nn.Module, args: tuple = (), kwargs: dict | None = None, *,
         box.clear()
 
 
-def _capture_into(box: dict, compiled, model: nn.Module, args: tuple, kwargs: dict, autocast_dtype,
-                  name: str) -> "CapturedStep":
-    """Run ``compiled`` once (its backend fills ``box`` and aborts), translate
-    TorchDynamo's and AOTAutograd's errors into :class:`CaptureError`, and
-    build the :class:`CapturedStep` from ``box``."""
+def run_capture(box: dict, compiled, model: nn.Module, args: tuple, kwargs: dict, autocast_dtype,
+                name: str) -> "CapturedStep":
+    """Run ``compiled`` once (its backend fills ``box`` and aborts with
+    :class:`GraphCaptured`), translate TorchDynamo's and AOTAutograd's errors
+    into :class:`CaptureError`, and build the :class:`CapturedStep` from
+    ``box`` (:func:`finish_capture`).
+
+    Parameters
+    ----------
+    box : dict
+        Filled by the backend: ``"joint"`` (the joint ``fx.GraphModule``),
+        ``"num_fwd_outputs"`` (int), ``"primals"`` (the example inputs
+        TorchDynamo passed, tensors), ``"passes"`` (dict of the graph passes
+        applied, :func:`~libra_opt.capture_passes.apply_graph_passes`).
+    compiled : callable
+        The step under ``torch.compile`` with that backend.
+    model : torch.nn.Module
+    args, kwargs :
+        The example inputs of the step.
+    autocast_dtype : torch.dtype or None
+        Recorded on the step.
+    name : str
+        The model's name, for messages.
+
+    Raises
+    ------
+    CaptureError
+        A graph break, a data-dependent branch or size, an AOTAutograd
+        failure, or no joint graph (nothing requires grad); the message says
+        what to change.
+    """
     import torch._dynamo
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     try:
         with torch.enable_grad():
             compiled(*args, **kwargs)
-    except _Captured:
+    except GraphCaptured:
         pass
     except torch._dynamo.exc.BackendCompilerFailed as e:
         inner = getattr(e, "inner_exception", None) or e.__cause__
-        if not isinstance(inner, _Captured):
+        if not isinstance(inner, GraphCaptured):
             raise CaptureError(f"capturing {name}: AOTAutograd failed on the traced graph: "
                                f"{_describe_break(inner or e)}") from e
     except GuardOnDataDependentSymNode as e:
@@ -281,8 +311,7 @@ def _capture_into(box: dict, compiled, model: nn.Module, args: tuple, kwargs: di
     if "joint" not in box:
         raise CaptureError(f"{name}: no joint graph was produced; does the step compute anything that "
                            f"requires grad? (call model.train() and make sure parameters require grad)")
-    _check_data_independent(box["joint"], name)
-    return _finish_capture(model, box, autocast_dtype, name)
+    return finish_capture(model, box, autocast_dtype, name)
 
 
 _DATA_DEPENDENT_HINT = ("A plan needs every value's size before the step runs: move .item() / float(t) / "
@@ -291,12 +320,20 @@ _DATA_DEPENDENT_HINT = ("A plan needs every value's size before the step runs: m
                         "multiplication by the mask)")
 
 
-def _check_data_independent(joint: fx.GraphModule, name: str) -> None:
-    """Raise :class:`CaptureError` naming the first op of ``joint`` whose
-    result (a Python number from ``.item()``, or a tensor whose size depends
-    on its values, e.g. ``torch.nonzero``) is data-dependent: an unbacked
-    symbol in its fake value
-    (``torch.fx.experimental.symbolic_shapes.free_unbacked_symbols``)."""
+def check_data_independent(joint: fx.GraphModule, name: str) -> None:
+    """Check that every value of ``joint`` has a size known before the step
+    runs (a plan needs every value's bytes).
+
+    Raises
+    ------
+    CaptureError
+        Naming the first op of ``joint`` whose result (a Python number from
+        ``.item()``, or a tensor whose size depends on its values, e.g.
+        ``torch.nonzero``) is data-dependent: an unbacked symbol in its fake
+        value (``torch.fx.experimental.symbolic_shapes.free_unbacked_symbols``),
+        with where it is in the model's source and the fixed-shape forms to
+        use instead.  ``name`` is the model's name, for the message.
+    """
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
     for n in joint.graph.nodes:
@@ -312,7 +349,22 @@ def _check_data_independent(joint: fx.GraphModule, name: str) -> None:
                            f"{_DATA_DEPENDENT_HINT}")
 
 
-def _finish_capture(model: nn.Module, box: dict, autocast_dtype, name: str) -> CapturedStep:
+def finish_capture(model: nn.Module, box: dict, autocast_dtype, name: str) -> CapturedStep:
+    """The :class:`CapturedStep` of a filled capture ``box`` (keys as in
+    :func:`run_capture`): checks that the graph is data-independent
+    (:func:`check_data_independent`) and that the primals match the joint
+    graph's placeholders, classifies each primal as ``"parameter"``,
+    ``"buffer"`` or ``"input"`` of ``model``, and makes the example tangents
+    (:func:`example_tangents`).
+
+    Raises
+    ------
+    CaptureError
+        A data-dependent value; primals that do not match the placeholders
+        (count, shape or dtype: duplicated or aliased inputs); a tangent
+        without tensor metadata.
+    """
+    check_data_independent(box["joint"], name)
     joint: fx.GraphModule = box["joint"]
     step = CapturedStep(joint=joint, num_fwd_outputs=box["num_fwd_outputs"], primals=[], primal_kinds=[],
                         tangents=[], autocast_dtype=autocast_dtype, model_name=name, passes=dict(box["passes"]))

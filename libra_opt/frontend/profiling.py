@@ -82,7 +82,7 @@ if TYPE_CHECKING:  # pragma: no cover
 logger = logging.getLogger(__name__)
 
 __all__ = ["ProfilingError", "problem_of", "profile_step", "profile", "measure_bandwidth",
-           "measure_memory_bandwidth", "device_profile", "profile_agreement", "profile_summary", "OPTIMIZERS",
+           "measure_memory_bandwidth", "device_profile", "cpu_name", "profile_agreement", "profile_summary", "OPTIMIZERS",
            "UNIT_TIME_S", "NAME_BUILDER"]
 
 #: optimizers whose state :func:`~libra_opt.capture.build_problem` accounts for
@@ -267,7 +267,13 @@ def measure_memory_bandwidth(device: str | torch.device | None = None, *, nbytes
     return bw
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The host CPU's model name: the ``model name`` line of
+    ``/proc/cpuinfo`` (Linux), else ``platform.processor()``, else
+    ``platform.machine()``, else ``"cpu"``.  Names the CPU in a
+    :class:`~libra_opt.problem.DeviceProfile` and in the plan store's device
+    key (:mod:`libra_opt.plan_store`).  Never raises (an unreadable
+    ``/proc/cpuinfo`` falls through)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -316,7 +322,7 @@ def device_profile(device: str | torch.device | None = None) -> DeviceProfile:
         return DeviceProfile(name=torch.cuda.get_device_name(dev), total_memory_bytes=int(props.total_memory),
                              h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h, copies_overlap_compute=True,
                              memory_bytes_per_s=mem_bw)
-    return DeviceProfile(name=f"cpu ({_cpu_name()}, {torch.get_num_threads()} threads)",
+    return DeviceProfile(name=f"cpu ({cpu_name()}, {torch.get_num_threads()} threads)",
                          total_memory_bytes=_host_memory_bytes(), h2d_bytes_per_s=h2d, d2h_bytes_per_s=d2h,
                          copies_overlap_compute=False, memory_bytes_per_s=mem_bw)
 

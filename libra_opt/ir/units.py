@@ -48,9 +48,26 @@ def _number(text: str, what: str) -> float:
     return v
 
 
-def _classify(budget) -> tuple[str, float | int]:
-    """``("bytes", n)`` or ``("fraction", f)`` for a budget that follows the
-    contract; raises :class:`BudgetError` otherwise."""
+def classify_budget(budget) -> tuple[str, float | int]:
+    """What kind of budget ``budget`` is, by the budget contract (module
+    docstring; DESIGN.md, "The budget contract"), without a reference peak.
+
+    Parameters
+    ----------
+    budget : int or float or str
+        Bytes, a size string (``"12GiB"``), a percentage (``"60%"``) or a
+        fraction in ``(0, 1]``.
+
+    Returns
+    -------
+    ("bytes", int) or ("fraction", float)
+        Bytes (``>= 1``), or the fraction of the reference peak in ``(0, 1]``.
+
+    Raises
+    ------
+    BudgetError
+        The budget breaks the contract; the message has a hint.
+    """
     if budget is None:
         raise BudgetError(f"no memory budget given; {_FORMS}")
     if isinstance(budget, bool):
@@ -112,7 +129,7 @@ def check_budget(budget) -> None:
     BudgetError
         The budget breaks the contract; the message has a hint.
     """
-    _classify(budget)
+    classify_budget(budget)
 
 
 def parse_budget(budget: str | int | float, reference_bytes: int | None = None) -> int:
@@ -138,7 +155,7 @@ def parse_budget(budget: str | int | float, reference_bytes: int | None = None) 
         The budget breaks the contract, is a fraction without a reference, or
         is a fraction that comes to less than one byte.
     """
-    kind, value = _classify(budget)
+    kind, value = classify_budget(budget)
     if kind == "bytes":
         return int(value)
     if reference_bytes is None:
@@ -175,7 +192,7 @@ def parse_bytes(text: str | int) -> int:
         num = text.strip()
         raise BudgetError(f"the byte size {text!r} has no unit: did you mean {num}GiB or {num}MiB? "
                           f"(or '{num}B' for bytes)")
-    kind, value = _classify(text)
+    kind, value = classify_budget(text)
     if kind != "bytes":
         raise BudgetError(f"not a byte size: {text!r}; write e.g. '16GiB', '800MB' or 1073741824")
     return int(value)

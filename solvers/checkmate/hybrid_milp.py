@@ -40,7 +40,7 @@ MILP ends worse or without a plan, so the result is never slower than
 libra's hybrid plan (status then ``"feasible"`` or ``"time_limit"``).
 
 Backends: OR-Tools (SCIP through the model builder, or CBC) or PuLP's CBC,
-with the helpers of :mod:`~libra_opt.solvers.checkmate_milp`; Ctrl-C raises
+with the helpers of :mod:`~libra_opt.solvers.checkmate.backends`; Ctrl-C raises
 ``KeyboardInterrupt`` and never returns a plan from an interrupted solve.
 The model has O(n^2) variables and is never coarsened (a coarse model's
 bound would not bound the problem): problems above ``max_nodes`` nodes are
@@ -58,7 +58,7 @@ from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, 
 
 from ..base import Solver
 from ..certificates import HYBRID, Bound, compute_floor_s, floor_bound, model_covers
-from .milp import MIPOptions, _MipResult, _solve_ortools, _solve_pulp, check_mip_options
+from .backends import MIPOptions, MipResult, check_mip_options, solve_mip
 from .plan import Candidate, CheckmateSetup, no_remat_solution, schedule_from_rs, solve_r_opt
 from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
 from ..registry import register_solver
@@ -72,7 +72,7 @@ __all__ = ["HybridMILPSolver", "HybridMILPOptions"]
 @dataclass(frozen=True)
 class HybridMILPOptions(MIPOptions):
     """Options of ``hybrid-milp``: those of
-    :class:`~libra_opt.solvers.checkmate_milp.MIPOptions` (backend,
+    :class:`~libra_opt.solvers.checkmate.backends.MIPOptions` (backend,
     ortools_solver, time_limit_s, mip_gap, threads, verbose), with
 
     Attributes
@@ -174,14 +174,14 @@ class HybridMILPSolver(Solver):
         for _attempt in range(3):
             model = HybridModel(g, model_budget)
             if model.infeasible_reason is not None:
-                res = _MipResult(None, "infeasible", None, None, False, "bounds")
+                res = MipResult(None, "infeasible", None, None, False, "bounds")
                 break
             extras.update(num_vars=model.num_vars, num_rows=model.num_rows,
                           swap_vars=int((model.in_idx >= 0).sum() + (model.b_idx >= 0).sum()
                                         + (model.off_idx >= 0).sum()))
             hint = self._hint(model, pool, hybrid_hint, extras) if o.warm_start else None
             left = max(deadline - time.perf_counter(), 1.0)
-            res = _solve_ortools(model, hint, left, o) if o.backend == "ortools" else _solve_pulp(model, hint, left, o)
+            res = solve_mip(model, hint, left, o)
             extras["engine"] = res.engine
             if res.x is None:
                 break
@@ -191,7 +191,7 @@ class HybridMILPSolver(Solver):
             over = cand.peak_bytes - budget_bytes  # the solver's feasibility tolerance: tighten and retry
             log.info("hybrid-milp: plan is %d bytes over the budget (solver tolerance); tightening", over)
             model_budget = model_budget - 2 * over - 1
-            res, cand = _MipResult(None, "no_solution", None, None, False, res.engine), None
+            res, cand = MipResult(None, "no_solution", None, None, False, res.engine), None
 
         scale = model.time_scale if model is not None else 1.0
         bound_s = None

@@ -365,9 +365,9 @@ def _solve_scipy(model: CheckmateModel, time_limit_s: float):
 def _solve_pulp_lp(model: CheckmateModel, time_limit_s: float):
     import pulp
 
-    from .milp import _pulp_model, cbc_command, run_pulp
+    from .backends import cbc_command, pulp_model, run_pulp
 
-    prob, xs = _pulp_model(model, integral=False)
+    prob, xs = pulp_model(model, integral=False)
     with tempfile.TemporaryDirectory(prefix="libra_cbc_") as tmp:
         run_pulp(prob, cbc_command(msg=False, timeLimit=float(time_limit_s)), tmp)
     if prob.status == pulp.LpStatusOptimal:

@@ -350,17 +350,23 @@ class RematProblem:
 
     @cached_property
     def node_time(self) -> np.ndarray:
-        """Compute time per node, seconds, shape ``(num_nodes,)``."""
-        return np.array([n.time_s for n in self.nodes], dtype=np.float64)
+        """Compute time per node, seconds, shape ``(num_nodes,)``; read-only
+        (shared by every caller: copy it to change it)."""
+        a = np.array([n.time_s for n in self.nodes], dtype=np.float64)
+        a.setflags(write=False)
+        return a
 
     @cached_property
     def recompute_time(self) -> np.ndarray:
         """Time a recompute of each node costs under this problem's
         ``executor`` cost model, seconds, shape ``(num_nodes,)``: equal to
-        :attr:`node_time` for ``"eager"`` (see :func:`libra_opt.costs.recompute_times`)."""
+        :attr:`node_time` for ``"eager"`` (see :func:`libra_opt.costs.recompute_times`);
+        read-only (shared by every caller: copy it to change it)."""
         from ..passes.costs import recompute_times
 
-        return recompute_times(self)
+        a = recompute_times(self)
+        a.setflags(write=False)
+        return a
 
     @cached_property
     def tables(self) -> "ProblemTables":

@@ -56,94 +56,27 @@ class ProblemTables:
 
     Obtain it as ``problem.tables`` (built on first access and kept on the
     problem; safe because :class:`~libra_opt.ir.problem.RematProblem` is
-    immutable, see the module docstring).  ``T`` below is the number of
-    tensors, ``N`` the number of nodes; positions are eager-order node ids.
+    immutable, see the module docstring).  ``T`` is the number of tensors,
+    ``N`` the number of nodes; positions are eager-order node ids.  Each
+    table is built on first access; its docstring gives its shape and units.
 
-    Tensor tables (lists of length ``T``, indexed by tensor id)
-    -----------------------------------------------------------
-    t_act : list of bool
-        ``kind == "activation"`` (produced by a node; a view of a graph input
-        made by a node is one too).
-    t_input : list of bool
-        ``kind == "input"`` (a graph input: always resident, fixed memory);
-        the negation of ``t_act``.
-    t_storage : list of int
-        Id of the base tensor whose storage the tensor lives on.
-    t_prod : list of int or None
-        Producing node; ``None`` for graph inputs.
-    t_cons : list of tuple of int
-        Consumer nodes, ascending.
-    t_nbytes : list of int
-        Bytes the tensor owns (0 for a view), bytes.
-    t_out : list of bool
-        The tensor is a step output (never freed).
-    t_last : list of int
-        Last position that uses the tensor: its last consumer, else its
-        producer, else -1 (the ``Timeline``'s meaning).
-    t_last_read : list of int
-        Last position that *reads* the tensor (its last consumer), -1 if none
-        (the lowering's free-after-last-use rule).
-    t_freeable : list of bool
-        An activation that is not a step output: the tensors a plan may free.
+    - per tensor (lists of length ``T``): :attr:`t_act`, :attr:`t_input`,
+      :attr:`t_storage`, :attr:`t_prod`, :attr:`t_cons`, :attr:`t_nbytes`,
+      :attr:`t_out`, :attr:`t_last`, :attr:`t_last_read`, :attr:`t_freeable`;
+    - per node (lists of length ``N``): :attr:`n_inputs`, :attr:`n_outputs`,
+      :attr:`n_time`, :attr:`n_rtime`, :attr:`n_ws`, :attr:`n_recomp`,
+      :attr:`n_facts`;
+    - problem-wide: :attr:`views`, :attr:`node_time`, :attr:`cum`, :attr:`C0`,
+      :attr:`newws`;
+    - the lowering's: :attr:`uses`, :attr:`default_windows`,
+      :attr:`compute_instr`, :attr:`free_instr`, :attr:`free_cands`,
+      :attr:`free_static`, :attr:`storage_nodes`;
+    - results of passes derived from the problem alone (the no-remat peak,
+      the lower bounds): :meth:`memo`.
 
-    Node tables (lists of length ``N``, indexed by node id)
-    -------------------------------------------------------
-    n_inputs, n_outputs : list of tuple of int
-        Tensor ids read and produced.
-    n_time : list of float
-        Measured compute time of a first computation, seconds.
-    n_rtime : list of float
-        Time of a recompute under the problem's executor cost model, seconds
-        (``problem.recompute_time``, :func:`libra_opt.passes.costs.recompute_times`).
-    n_ws : list of int
-        Transient workspace, bytes.
-    n_recomp : list of bool
-        The node may run again.
-    n_facts : list of tuple
-        ``(inputs, outputs, recomputable, time_s, workspace_bytes)`` per node:
-        what the simulator unpacks per ``Compute``.
-
-    Problem-wide
-    ------------
-    views : dict of int to tuple of int
-        ``problem.storage_views``: storage -> tensors on it, base first.
-    node_time : ndarray of float64, shape (N,)
-        ``problem.node_time``, seconds.
-    cum : ndarray of float64, shape (N + 1,)
-        ``cum[i]``: start of node ``i`` in the no-remat plan (sum of the
-        times before it), seconds; ``cum[N]`` the step's compute time.
-    C0 : ndarray of int64, shape (N,)
-        Graph memory while node ``i`` runs in the no-remat plan, bytes: every
-        activation storage (of nonzero bytes) is live from its producer
-        through the last use of any tensor on it (through ``N - 1`` if it
-        holds a step output), plus node ``i``'s workspace.
-    newws : ndarray of int64, shape (N,)
-        Per node, its workspace plus the bytes of the activation storages it
-        allocates (bytes): the memory that exists only from node ``i`` on.
-
-    Lowering tables
-    ---------------
-    uses : dict of int to list of int
-        Activation storage (holding no step output) -> sorted positions that
-        produce or read a tensor on it (:func:`libra_opt.passes.lowering.storage_uses`).
-    default_windows : dict of int to (int, int)
-        :func:`libra_opt.passes.lowering.default_windows`.
-    compute_instr, free_instr : list of Instr
-        ``Compute(i)`` per node and ``Free(t)`` per tensor, shared by every
-        schedule of the problem (instructions are immutable).
-    free_cands : list of list of int
-        Per node, its inputs and outputs that are freeable, sorted.
-    free_static : list of list of int
-        Per node, those of ``free_cands`` whose last read is at or before it
-        (freed there by the no-remat rule).
-    storage_nodes : dict of int to list of int
-        Storage -> nodes with a free candidate on it, ascending.
-
-    Results of passes
-    -----------------
-    :meth:`memo` keeps a value a pass derives from the problem alone (the
-    no-remat peak, the lower bounds) with the tables, so that it too is
-    computed once per problem.
+    The names and meanings of ``t_*``, ``n_*``, ``views``, ``node_time``,
+    ``cum``, ``C0`` and ``newws`` are those of the ``libra`` solver's
+    ``Timeline`` (``tests/test_tables.py`` checks that they agree).
     """
 
     def __init__(self, problem: "RematProblem"):
@@ -182,30 +115,40 @@ class ProblemTables:
     # ------------------------------------------------------------- tensors
     @cached_property
     def t_act(self) -> list[bool]:
+        """Per tensor, ``kind == "activation"`` (produced by a node; a view of a graph input made by
+        a node is one too); list of bool, length ``T``."""
         return [t.kind == ACTIVATION for t in self.problem.tensors]
 
     @cached_property
     def t_input(self) -> list[bool]:
+        """Per tensor, ``kind == "input"`` (a graph input: always resident, fixed memory): the
+        negation of :attr:`t_act`; list of bool, length ``T``."""
         return [t.kind == INPUT for t in self.problem.tensors]
 
     @cached_property
     def t_storage(self) -> list[int]:
+        """Per tensor, the id of the base tensor whose storage it lives on; list of int, length
+        ``T``."""
         return [t.storage for t in self.problem.tensors]
 
     @cached_property
     def t_prod(self) -> list[int | None]:
+        """Per tensor, its producing node (``None`` for a graph input); list, length ``T``."""
         return [t.producer for t in self.problem.tensors]
 
     @cached_property
     def t_cons(self) -> list[tuple[int, ...]]:
+        """Per tensor, its consumer nodes, ascending; list of tuple of int, length ``T``."""
         return [t.consumers for t in self.problem.tensors]
 
     @cached_property
     def t_nbytes(self) -> list[int]:
+        """Per tensor, the bytes it owns (0 for a view); list of int, length ``T``, bytes."""
         return [t.nbytes for t in self.problem.tensors]
 
     @cached_property
     def t_out(self) -> list[bool]:
+        """Per tensor, whether it is a step output (never freed); list of bool, length ``T``."""
         p = self.problem
         out = [False] * len(p.tensors)
         for o in p.outputs:
@@ -214,67 +157,95 @@ class ProblemTables:
 
     @cached_property
     def t_last(self) -> list[int]:
+        """Per tensor, the last position that uses it: its last consumer, else its producer, else -1
+        (the ``Timeline``'s meaning); list of int, length ``T``."""
         return [max(t.consumers) if t.consumers else (t.producer if t.producer is not None else -1)
                 for t in self.problem.tensors]
 
     @cached_property
     def t_last_read(self) -> list[int]:
+        """Per tensor, the last position that *reads* it (its last consumer), -1 if none: the
+        lowering's free-after-last-use rule; list of int, length ``T``."""
         return [t.consumers[-1] if t.consumers else -1 for t in self.problem.tensors]
 
     @cached_property
     def t_freeable(self) -> list[bool]:
+        """Per tensor, an activation that is not a step output (the tensors a plan may free); list
+        of bool, length ``T``."""
         outputs = self.problem.output_set
         return [t.kind == ACTIVATION and t.id not in outputs for t in self.problem.tensors]
 
     # --------------------------------------------------------------- nodes
     @cached_property
     def n_inputs(self) -> list[tuple[int, ...]]:
+        """Per node, the tensor ids it reads; list of tuple of int, length ``N``."""
         return [n.inputs for n in self.problem.nodes]
 
     @cached_property
     def n_outputs(self) -> list[tuple[int, ...]]:
+        """Per node, the tensor ids it produces; list of tuple of int, length ``N``."""
         return [n.outputs for n in self.problem.nodes]
 
     @cached_property
     def n_time(self) -> list[float]:
+        """Per node, the measured time of a first computation; list of float, length ``N``, seconds."""
         return [n.time_s for n in self.problem.nodes]
 
     @cached_property
     def n_rtime(self) -> list[float]:
+        """Per node, the time of a recompute under the problem's executor cost model
+        (``problem.recompute_time``, :func:`libra_opt.passes.costs.recompute_times`); list of float,
+        length ``N``, seconds."""
         return self.problem.recompute_time.tolist()
 
     @cached_property
     def n_ws(self) -> list[int]:
+        """Per node, its transient workspace; list of int, length ``N``, bytes."""
         return [n.workspace_bytes for n in self.problem.nodes]
 
     @cached_property
     def n_recomp(self) -> list[bool]:
+        """Per node, whether it may run again; list of bool, length ``N``."""
         return [n.recomputable for n in self.problem.nodes]
 
     @cached_property
     def n_facts(self) -> list[tuple]:
+        """Per node, ``(inputs, outputs, recomputable, time_s, workspace_bytes)``: what the
+        simulator unpacks per ``Compute``; list of tuple, length ``N``."""
         return [(n.inputs, n.outputs, n.recomputable, n.time_s, n.workspace_bytes) for n in self.problem.nodes]
 
     # -------------------------------------------------------- problem-wide
     @property
     def views(self) -> dict[int, tuple[int, ...]]:
+        """``problem.storage_views``: storage -> tensor ids on it, base first."""
         return self.problem.storage_views
 
     @property
     def node_time(self) -> np.ndarray:
+        """``problem.node_time``: per node, seconds; read-only ndarray of float64, shape ``(N,)``."""
         return self.problem.node_time
 
     @cached_property
     def cum(self) -> np.ndarray:
+        """``cum[i]``: the start of node ``i`` in the no-remat plan (the sum of the times before
+        it), ``cum[N]`` the step's compute time; read-only ndarray of float64, shape ``(N + 1,)``,
+        seconds."""
         return _frozen(np.concatenate([[0.0], np.cumsum(self.problem.node_time)]))
 
     @cached_property
     def C0(self) -> np.ndarray:
+        """Graph memory while node ``i`` runs in the no-remat plan: every activation storage of
+        nonzero bytes is live from its producer through the last use of any tensor on it (through
+        ``N - 1`` if it holds a step output), plus node ``i``'s workspace; equal to the simulator's
+        memory at each ``Compute`` of the no-remat schedule.  Read-only ndarray of int64, shape
+        ``(N,)``, bytes."""
         self._no_remat_memory()
         return self.__dict__["C0"]
 
     @cached_property
     def newws(self) -> np.ndarray:
+        """Per node, its workspace plus the bytes of the activation storages it allocates (memory
+        that exists only from node ``i`` on); read-only ndarray of int64, shape ``(N,)``, bytes."""
         self._no_remat_memory()
         return self.__dict__["newws"]
 
@@ -300,6 +271,8 @@ class ProblemTables:
     # ------------------------------------------------------------ lowering
     @cached_property
     def uses(self) -> dict[int, list[int]]:
+        """Activation storage holding no step output -> the sorted positions that produce or read a
+        tensor on it (:func:`libra_opt.passes.lowering.storage_uses`); dict of int to list of int."""
         p = self.problem
         out: dict[int, set[int]] = {}
         banned = {p.tensors[o].storage for o in p.output_set}
@@ -313,6 +286,9 @@ class ProblemTables:
 
     @cached_property
     def default_windows(self) -> dict[int, tuple[int, int]]:
+        """Storage -> ``(after, before)``, its candidate eviction window
+        (:func:`libra_opt.passes.lowering.default_windows`: last forward use to first backward use;
+        on a single-phase graph the largest gap; gaps of at least 2 positions)."""
         p = self.problem
         b = p.boundary
         out: dict[int, tuple[int, int]] = {}
@@ -333,24 +309,33 @@ class ProblemTables:
 
     @cached_property
     def compute_instr(self) -> list[Instr]:
+        """``Compute(i)`` per node, shared by every schedule of the problem (instructions are
+        immutable); list of Instr, length ``N``."""
         return [Instr(Op.COMPUTE, i) for i in range(len(self.problem.nodes))]
 
     @cached_property
     def free_instr(self) -> list[Instr]:
+        """``Free(t)`` per tensor, shared by every schedule of the problem; list of Instr, length
+        ``T``."""
         return [Instr(Op.FREE, t) for t in range(len(self.problem.tensors))]
 
     @cached_property
     def free_cands(self) -> list[list[int]]:
+        """Per node, its inputs and outputs that are freeable (:attr:`t_freeable`), sorted; list of
+        list of int, length ``N``."""
         freeable = self.t_freeable
         return [sorted({t for t in (*n.inputs, *n.outputs) if freeable[t]}) for n in self.problem.nodes]
 
     @cached_property
     def free_static(self) -> list[list[int]]:
+        """Per node, those of :attr:`free_cands` last read at or before it (freed there by the no-
+        remat rule); list of list of int, length ``N``."""
         last = self.t_last_read
         return [[t for t in ts if last[t] <= i] for i, ts in enumerate(self.free_cands)]
 
     @cached_property
     def storage_nodes(self) -> dict[int, list[int]]:
+        """Storage -> the nodes with a free candidate on it, ascending; dict of int to list of int."""
         storage = self.t_storage
         out: dict[int, list[int]] = {}
         for i, ts in enumerate(self.free_cands):

@@ -16,11 +16,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import numpy as np
 
 from ..errors import ProblemError
+
+if TYPE_CHECKING:
+    from .tables import ProblemTables
 
 FORWARD = "forward"
 BACKWARD = "backward"
@@ -217,20 +220,50 @@ class RematProblem:
         An invariant is broken: ids out of order, a consumer before its
         producer, inconsistent consumers, a view owning bytes, a storage whose
         base is a view, an unknown phase/kind.
+
+    Notes
+    -----
+    A problem is **immutable**: setting or deleting an attribute raises
+    ``AttributeError``; :meth:`replace` (and :meth:`with_device`) build a
+    changed, re-validated copy.  Its parts are immutable too: ``nodes``,
+    ``tensors`` and ``outputs`` are tuples of frozen dataclasses and ints,
+    and ``fixed``, ``device`` and ``provenance`` are frozen dataclasses (only
+    ``provenance.extra``, a free-form dict that no pass reads, could still be
+    changed in place).  This is what lets everything derived from a problem
+    (the cached properties and :attr:`tables`, :class:`~libra_opt.ir.tables.ProblemTables`)
+    be computed once and shared.  Equality and hashing are by identity.
     """
 
     def __init__(self, nodes: Sequence[Node], tensors: Sequence[Tensor], outputs: Iterable[int],
                  fixed: FixedMemory | None = None, device: DeviceProfile | None = None,
                  provenance: Provenance | None = None, name: str = "", executor: str = "eager"):
-        self.nodes: tuple[Node, ...] = tuple(nodes)
-        self.tensors: tuple[Tensor, ...] = tuple(tensors)
-        self.outputs: tuple[int, ...] = tuple(dict.fromkeys(int(o) for o in outputs))
-        self.fixed = fixed or FixedMemory()
-        self.device = device or DeviceProfile()
-        self.provenance = provenance or Provenance()
-        self.name = name or self.provenance.model or "problem"
-        self.executor = executor
+        provenance = provenance or Provenance()
+        init = object.__setattr__   # the one place attributes are set: the instance is immutable after
+        init(self, "nodes", tuple(nodes))
+        init(self, "tensors", tuple(tensors))
+        init(self, "outputs", tuple(dict.fromkeys(int(o) for o in outputs)))
+        init(self, "fixed", fixed or FixedMemory())
+        init(self, "device", device or DeviceProfile())
+        init(self, "provenance", provenance)
+        init(self, "name", name or provenance.model or "problem")
+        init(self, "executor", executor)
         self.validate()
+
+    #: the constructor's arguments: what :meth:`replace` copies and what a pickle or copy holds
+    _FIELDS = ("nodes", "tensors", "outputs", "fixed", "device", "provenance", "name", "executor")
+
+    # ------------------------------------------------------------ immutable
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError(_immutable(name))
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(_immutable(name))
+
+    def __getstate__(self) -> dict:
+        """State for :mod:`pickle` and :mod:`copy`: the constructor's
+        arguments only; derived values (:attr:`tables`, the cached
+        properties) are rebuilt on first use."""
+        return {k: self.__dict__[k] for k in self._FIELDS}
 
     # ------------------------------------------------------------------ checks
     def validate(self) -> None:
@@ -317,17 +350,32 @@ class RematProblem:
 
     @cached_property
     def node_time(self) -> np.ndarray:
-        """Compute time per node, seconds, shape ``(num_nodes,)``."""
-        return np.array([n.time_s for n in self.nodes], dtype=np.float64)
+        """Compute time per node, seconds, shape ``(num_nodes,)``; read-only
+        (shared by every caller: copy it to change it)."""
+        a = np.array([n.time_s for n in self.nodes], dtype=np.float64)
+        a.setflags(write=False)
+        return a
 
     @cached_property
     def recompute_time(self) -> np.ndarray:
         """Time a recompute of each node costs under this problem's
         ``executor`` cost model, seconds, shape ``(num_nodes,)``: equal to
-        :attr:`node_time` for ``"eager"`` (see :func:`libra_opt.costs.recompute_times`)."""
+        :attr:`node_time` for ``"eager"`` (see :func:`libra_opt.costs.recompute_times`);
+        read-only (shared by every caller: copy it to change it)."""
         from ..passes.costs import recompute_times
 
-        return recompute_times(self)
+        a = recompute_times(self)
+        a.setflags(write=False)
+        return a
+
+    @cached_property
+    def tables(self) -> "ProblemTables":
+        """The flat per-problem tables the simulator, the lowering, the bounds
+        and the solvers read (:class:`~libra_opt.ir.tables.ProblemTables`),
+        built on first use and shared: safe because a problem is immutable."""
+        from .tables import ProblemTables
+
+        return ProblemTables(self)
 
     @cached_property
     def total_compute_s(self) -> float:
@@ -365,15 +413,36 @@ class RematProblem:
 
     def replace(self, **changes) -> "RematProblem":
         """A copy with some of ``nodes``, ``tensors``, ``outputs``, ``fixed``,
-        ``device``, ``provenance``, ``name``, ``executor`` replaced."""
-        kw = dict(nodes=self.nodes, tensors=self.tensors, outputs=self.outputs, fixed=self.fixed,
-                  device=self.device, provenance=self.provenance, name=self.name, executor=self.executor)
+        ``device``, ``provenance``, ``name``, ``executor`` replaced (as
+        :func:`dataclasses.replace`): the way to change a problem, which is
+        immutable.
+
+        Raises
+        ------
+        TypeError
+            A keyword that is not one of those fields.
+        ProblemError
+            The copy breaks an invariant (it is validated as a new problem).
+        """
+        unknown = sorted(set(changes) - set(self._FIELDS))
+        if unknown:
+            raise TypeError(f"RematProblem.replace() got unknown field(s) {unknown}; use some of {self._FIELDS}")
+        kw = {k: getattr(self, k) for k in self._FIELDS}
         kw.update(changes)
         return RematProblem(**kw)
 
     def with_device(self, **changes) -> "RematProblem":
         """A copy whose :class:`DeviceProfile` has ``changes`` applied."""
         return self.replace(device=dataclasses.replace(self.device, **changes))
+
+
+def _immutable(name: str) -> str:
+    """The message of the error raised on assigning or deleting attribute ``name``."""
+    if name in RematProblem._FIELDS:
+        return (f"RematProblem is immutable: cannot change {name!r} in place; build a changed copy with "
+                f"problem.replace({name}=...)")
+    return (f"RematProblem is immutable: cannot set or delete attribute {name!r}; build a changed copy with "
+            f"problem.replace(...) (fields: {', '.join(RematProblem._FIELDS)})")
 
 
 class ProblemBuilder:

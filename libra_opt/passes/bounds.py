@@ -40,14 +40,20 @@ def node_memory_lower_bounds(problem: RematProblem) -> np.ndarray:
     Returns
     -------
     ndarray of int64, shape (num_nodes,)
-        Bytes.
+        Bytes; a fresh copy of the bounds computed once per problem (kept
+        with ``problem.tables``, :meth:`~libra_opt.ir.tables.ProblemTables.memo`).
     """
+    return problem.tables.memo("bounds.node_memory_lower_bounds", lambda: _node_bounds(problem)).copy()
+
+
+def _node_bounds(problem: RematProblem) -> np.ndarray:
+    """:func:`node_memory_lower_bounds`, computed (read-only array)."""
     tensors = problem.tensors
+    tab = problem.tables
+    storage, nbytes, t_input = tab.t_storage, tab.t_nbytes, tab.t_input
     # A storage is graph memory unless its BASE is an input: an activation
     # that is a view of an input costs nothing (as in the simulator).
-    is_graph = [tensors[t.storage].kind != INPUT for t in tensors]
-    storage = [t.storage for t in tensors]
-    nbytes = [t.nbytes for t in tensors]
+    is_graph = [not t_input[s] for s in storage]
     # Columns: storages holding a step output (activation kind).
     out_storages = sorted({storage[o] for o in problem.outputs if is_graph[o]})
     col = {s: k for k, s in enumerate(out_storages)}
@@ -69,6 +75,7 @@ def node_memory_lower_bounds(problem: RematProblem) -> np.ndarray:
         touched = {storage[t] for t in (*node.inputs, *node.outputs) if is_graph[t]}
         extra = sum(nbytes[s] for s in touched if not (s in col and anc[v, col[s]]))
         bounds[v] = int(col_bytes[anc[v]].sum()) + extra + node.workspace_bytes
+    bounds.setflags(write=False)
     return bounds
 
 
@@ -95,10 +102,16 @@ def memory_lower_bound(problem: RematProblem) -> int:
     -------
     int
         Bytes, comparable with :attr:`SimulationResult.peak_bytes` and with
-        budgets; 0 for an empty problem.
+        budgets; 0 for an empty problem.  Computed once per problem (kept
+        with ``problem.tables``).
     """
+    return problem.tables.memo("bounds.memory_lower_bound", lambda: _bound(problem))
+
+
+def _bound(problem: RematProblem) -> int:
+    """:func:`memory_lower_bound`, computed."""
     tensors = problem.tensors
     at_end = sum(tensors[s].nbytes for s in {tensors[o].storage for o in problem.outputs}
                  if tensors[s].kind != INPUT)
-    per_node = node_memory_lower_bounds(problem)
+    per_node = problem.tables.memo("bounds.node_memory_lower_bounds", lambda: _node_bounds(problem))
     return int(max(at_end, int(per_node.max()) if len(per_node) else 0))

@@ -49,7 +49,6 @@ recompute/swap policy.
 from __future__ import annotations
 
 import bisect
-import weakref
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable
@@ -131,43 +130,11 @@ class Retain:
     until: int
 
 
-# per-problem facts the lowering reads on every call (a RematProblem is not changed after it is built)
-_CACHE: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
-
-
-def _cached(problem: RematProblem) -> dict:
-    c = _CACHE.get(problem)
-    if c is None:
-        c = _CACHE[problem] = {}
-    return c
-
-
-def _uses(problem: RematProblem) -> dict[int, list[int]]:
-    """:func:`storage_uses`, computed once per problem (shared: do not mutate)."""
-    c = _cached(problem)
-    u = c.get("uses")
-    if u is None:
-        u = c["uses"] = _storage_uses(problem)
-    return u
-
-
 def storage_uses(problem: RematProblem) -> dict[int, list[int]]:
     """Storage id -> sorted node positions that produce or read any tensor on it
-    (activation storages that are not step outputs only)."""
-    return {s: list(u) for s, u in _uses(problem).items()}
-
-
-def _storage_uses(problem: RematProblem) -> dict[int, list[int]]:
-    out: dict[int, set[int]] = {}
-    outputs = problem.output_set
-    banned = {problem.tensors[o].storage for o in outputs}
-    for t in problem.tensors:
-        if t.kind != ACTIVATION or t.storage in banned or problem.tensors[t.storage].kind != ACTIVATION:
-            continue
-        u = out.setdefault(t.storage, set())
-        u.add(t.producer)
-        u.update(t.consumers)
-    return {s: sorted(u) for s, u in out.items()}
+    (activation storages that are not step outputs only).  A fresh copy of
+    ``problem.tables.uses``."""
+    return {s: list(u) for s, u in problem.tables.uses.items()}
 
 
 def default_windows(problem: RematProblem) -> dict[int, tuple[int, int]]:
@@ -176,36 +143,15 @@ def default_windows(problem: RematProblem) -> dict[int, tuple[int, int]]:
     With a backward phase: from the last forward use to the first backward use
     (the activations saved for backward).  Without one (a single-phase DAG): the
     largest gap between consecutive uses.  Only gaps of at least 2 positions.
+    A fresh copy of ``problem.tables.default_windows`` (built once per problem).
     """
-    c = _cached(problem)
-    if "windows" not in c:
-        c["windows"] = _default_windows(problem)
-    return dict(c["windows"])
-
-
-def _default_windows(problem: RematProblem) -> dict[int, tuple[int, int]]:
-    b = problem.boundary
-    out: dict[int, tuple[int, int]] = {}
-    for s, uses in _uses(problem).items():
-        if b < problem.num_nodes:
-            fwd = [u for u in uses if u < b]
-            bwd = [u for u in uses if u >= b]
-            if fwd and bwd and bwd[0] - fwd[-1] >= 2:
-                out[s] = (fwd[-1], bwd[0])
-        else:
-            best = None
-            for x, y in zip(uses, uses[1:]):
-                if y - x >= 2 and (best is None or y - x > best[1] - best[0]):
-                    best = (x, y)
-            if best:
-                out[s] = best
-    return out
+    return dict(problem.tables.default_windows)
 
 
 def all_windows(problem: RematProblem) -> list[tuple[int, int, int]]:
     """Every gap of at least 2 positions between consecutive uses of every
     storage, as ``(storage, after, before)``."""
-    return [(s, x, y) for s, uses in _uses(problem).items()
+    return [(s, x, y) for s, uses in problem.tables.uses.items()
             for x, y in zip(uses, uses[1:]) if y - x >= 2]
 
 
@@ -215,45 +161,23 @@ class _Lowerer:
         self.tensors = p.tensors
         self.nodes = p.nodes
         self.outputs = p.output_set
-        c = _cached(p)
-        if "cons" not in c:
-            c["cons"] = [t.consumers for t in p.tensors]
-            # last[t]: last position reading t (-1: none); freeable[t]: an activation that is not a step output
-            c["last"] = [t.consumers[-1] if t.consumers else -1 for t in p.tensors]
-            c["freeable"] = [t.kind == ACTIVATION and t.id not in self.outputs for t in p.tensors]
-            c["is_act"] = [t.kind == ACTIVATION for t in p.tensors]
-            c["storage"] = [t.storage for t in p.tensors]
-            # immutable instructions shared by every schedule of this problem
-            c["compute_instr"] = [Instr(Op.COMPUTE, i) for i in range(p.num_nodes)]
-            c["free_instr"] = [Instr(Op.FREE, t) for t in range(len(p.tensors))]
-            # per node: the inputs and outputs it may free (sorted), and those freed at their last use
-            freeable, last = c["freeable"], c["last"]
-            cands, static = [], []
-            for i, n in enumerate(p.nodes):
-                ts = sorted({t for t in (*n.inputs, *n.outputs) if freeable[t]})
-                cands.append(ts)
-                static.append([t for t in ts if last[t] <= i])
-            c["free_cands"], c["free_static"] = cands, static
-            st_nodes: dict[int, list[int]] = {}   # storage -> nodes with a free candidate on it
-            for i, ts in enumerate(cands):
-                for s in {c["storage"][t] for t in ts}:
-                    st_nodes.setdefault(s, []).append(i)
-            c["storage_nodes"] = st_nodes
-        self.cons = c["cons"]
-        self._last = c["last"]
-        self._freeable = c["freeable"]
-        self._is_act = c["is_act"]
-        self._storage = c["storage"]
+        tab = p.tables   # per-problem lists, built once (libra_opt.ir.tables)
+        self.cons = tab.t_cons
+        self._last = tab.t_last_read      # last position reading t (-1: none)
+        self._freeable = tab.t_freeable   # an activation that is not a step output
+        self._is_act = tab.t_act
+        self._storage = tab.t_storage
         self._last_eff = self._last   # the last use, or the end of a retention (set in run)
-        self._compute_instr = c["compute_instr"]
-        self._free_instr = c["free_instr"]
-        self._free_cands = c["free_cands"]
-        self._free_static = c["free_static"]
-        self._storage_nodes = c["storage_nodes"]
+        self._compute_instr = tab.compute_instr   # immutable instructions shared by every schedule
+        self._free_instr = tab.free_instr
+        self._free_cands = tab.free_cands     # per node: the inputs and outputs it may free (sorted)
+        self._free_static = tab.free_static   # ... and those freed at their last use
+        self._storage_nodes = tab.storage_nodes   # storage -> nodes with a free candidate on it
+        self._cum = tab.cum   # cum[i] = start time of node i without remat (s)
         self.prefetch = prefetch
         self.windows: dict[int, list[Eviction]] = {}
         self.until: dict[int, int] = {}    # retained tensor -> last position it stays resident
-        uses = _uses(p)
+        uses = tab.uses
         for ev in evictions:
             if isinstance(ev, Retain):
                 self._add_retain(ev)
@@ -328,7 +252,7 @@ class _Lowerer:
     # ------------------------------------------------------------- prefetch
     def _plan_prefetches(self) -> None:
         p = self.p
-        cum = np.concatenate([[0.0], np.cumsum(p.node_time)])  # cum[i] = start time of node i
+        cum = self._cum  # cum[i] = start time of node i
         swaps = []
         for s, ws in self.windows.items():
             for ev in ws:

@@ -29,7 +29,6 @@ end, a swap of a view, budget exceeded.
 from __future__ import annotations
 
 import heapq
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -110,7 +109,9 @@ class Simulator(ScheduleInterpreter):
         super().__init__(problem)
         self.budget = budget_bytes
         p = problem
-        self._nbytes, self._storage, self._is_input, self._node_facts, self._recompute_time = _facts(p)
+        tab = p.tables   # per-problem lists, built once (libra_opt.ir.tables)
+        self._nbytes, self._storage, self._is_input = tab.t_nbytes, tab.t_storage, tab.t_input
+        self._node_facts, self._recompute_time = tab.n_facts, tab.n_rtime
         self._overlap = p.device.copies_overlap_compute
         self._outputs = p.output_set
         self._h2d = float(p.device.h2d_bytes_per_s)
@@ -382,28 +383,7 @@ def resident_at(problem: RematProblem, schedule: Schedule, index: int) -> set[in
 
 def no_remat_peak(problem: RematProblem) -> int:
     """Peak graph memory of the no-remat plan (bytes): the reference that
-    relative budgets refer to.  Computed once per problem (a problem is not
-    changed after it is built)."""
-    peak = _NO_REMAT_PEAK.get(problem)
-    if peak is None:
-        peak = _NO_REMAT_PEAK[problem] = simulate(problem).peak_bytes
-    return peak
-
-
-_NO_REMAT_PEAK: "weakref.WeakKeyDictionary[RematProblem, int]" = weakref.WeakKeyDictionary()
-_FACTS: "weakref.WeakKeyDictionary[RematProblem, tuple]" = weakref.WeakKeyDictionary()
-
-
-def _facts(p: RematProblem) -> tuple:
-    """Per-problem lists the simulator reads on every instruction (built once;
-    a RematProblem is not changed after it is built): tensor bytes, storage,
-    is-input, per node ``(inputs, outputs, recomputable, time_s,
-    workspace_bytes)``, and per node the time of a recompute under the
-    problem's executor cost model (``problem.recompute_time``)."""
-    f = _FACTS.get(p)
-    if f is None:
-        f = _FACTS[p] = ([t.nbytes for t in p.tensors], [t.storage for t in p.tensors],
-                         [t.kind == INPUT for t in p.tensors],
-                         [(n.inputs, n.outputs, n.recomputable, n.time_s, n.workspace_bytes) for n in p.nodes],
-                         p.recompute_time.tolist())
-    return f
+    relative budgets refer to.  Simulated once per problem and kept with its
+    tables (:meth:`~libra_opt.ir.tables.ProblemTables.memo`: a problem is
+    immutable)."""
+    return problem.tables.memo("simulator.no_remat_peak", lambda: simulate(problem).peak_bytes)

@@ -42,3 +42,9 @@ def test_drop_rule_frees_only_chain_tensors_with_no_pending_read_past_their_last
     assert got == [1, 3]
     assert dropped_after_step([1], resident={1}, pending={}, q=6, outputs={1}, last_use=last, storage=storage,
                               storage_off=lambda s, q: True) == []
+
+
+def test_a_tensor_read_twice_by_a_step_is_freed_once():
+    got = dropped_after_step([1, 1], resident={1}, pending={}, q=6, outputs=(), last_use={1: 5},
+                             storage={1: 1}, storage_off=lambda s, q: False)
+    assert got == [1]

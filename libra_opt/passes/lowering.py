@@ -57,6 +57,7 @@ import numpy as np
 
 from ..errors import ScheduleError
 from ..ir.problem import ACTIVATION, RematProblem
+from .regeneration import dropped_after_step, regeneration_steps
 from ..ir.schedule import Compute, Free, Instr, Op, Schedule, SwapIn, SwapOut, Wait
 
 
@@ -153,6 +154,18 @@ def all_windows(problem: RematProblem) -> list[tuple[int, int, int]]:
     storage, as ``(storage, after, before)``."""
     return [(s, x, y) for s, uses in problem.tables.uses.items()
             for x, y in zip(uses, uses[1:]) if y - x >= 2]
+
+
+class _Both:
+    """Membership in two sets at once (``t in made and t in resident``)."""
+
+    __slots__ = ("a", "b")
+
+    def __init__(self, a: set, b: set):
+        self.a, self.b = a, b
+
+    def __contains__(self, t) -> bool:
+        return t in self.a and t in self.b
 
 
 class _Lowerer:
@@ -307,11 +320,6 @@ class _Lowerer:
         k = bisect.bisect_right(c, i)
         return c[k] if k < len(c) else None
 
-    def _should_free(self, t: int, i: int) -> bool:
-        if t in self.outputs:
-            return False
-        return self._last_eff[t] <= i or self._is_off(self._storage[t], i)
-
     # ----------------------------------------------------------------- emit
     def run(self) -> Schedule:
         out: list[Instr] = []
@@ -405,47 +413,22 @@ class _Lowerer:
 
     def _regenerate(self, i: int, needed: Iterable[int]) -> set[int]:
         """Emit what makes every tensor in ``needed`` resident for node ``i``;
-        returns the tensors made resident (chain temporaries included)."""
+        returns the tensors made resident (chain temporaries included).  The
+        walk, the pending reads and the drop rule are
+        :mod:`libra_opt.passes.regeneration`'s, shared with the ``libra``
+        estimate."""
         live = self.resident
-        missing = [t for t in needed if self.tensors[t].kind == ACTIVATION and t not in live]
+        is_act = self._is_act
+        needed = tuple(needed)
+        missing = [t for t in needed if is_act[t] and t not in live]
         if not missing:
             return set()
-        # post-order of the regeneration DAG (iterative DFS)
-        order: list[tuple[str, int]] = []
-        state: dict[int, int] = {}
-        stack: list[tuple[int, bool]] = [(t, False) for t in reversed(missing)]
-        while stack:
-            t, done = stack.pop()
-            if done:
-                order.append(self._how(t))
-                state[t] = 2
-                continue
-            if t in state or t in live or self.tensors[t].kind != ACTIVATION:
-                continue
-            state[t] = 1
-            stack.append((t, True))
-            how, _ = self._how(t)
-            if how == "recompute":
-                for u in reversed(self.nodes[self.tensors[t].producer].inputs):
-                    if u not in state and u not in live and self.tensors[u].kind == ACTIVATION:
-                        stack.append((u, False))
-        # uses of each tensor inside this chain (+ node i itself)
-        pending: dict[int, int] = {}
-        steps: list[tuple[str, int]] = []
-        seen_nodes: set[int] = set()
-        for how, x in order:
-            if how == "recompute":
-                if x in seen_nodes:
-                    continue
-                seen_nodes.add(x)
-                for u in self.nodes[x].inputs:
-                    pending[u] = pending.get(u, 0) + 1
-            steps.append((how, x))
-        for u in needed:
-            pending[u] = pending.get(u, 0) + 1
+        tab = self.p.tables
+        steps, pending = regeneration_steps(needed, missing, lambda t: is_act[t] and t not in live,
+                                            lambda t: self._how(t)[0] == "swap", tab.t_prod, tab.n_inputs)
         made: set[int] = set()
-        for how, x in steps:
-            if how == "swap":
+        for swap, x in steps:
+            if swap:
                 if x in live:
                     continue
                 if x not in self.arriving:
@@ -455,7 +438,7 @@ class _Lowerer:
                 self.arriving.discard(x)
                 live.add(x)
                 made.add(x)
-                self._drop_unneeded([x], pending, made, i)
+                self._drop_unneeded((x,), pending, made, i)
                 continue
             node = self.nodes[x]
             if all(t in live for t in node.outputs):
@@ -477,16 +460,17 @@ class _Lowerer:
             made.update(new)
             for u in node.inputs:
                 pending[u] -= 1
-            self._drop_unneeded(list(node.inputs) + new, pending, made, i)
+            self._drop_unneeded((*node.inputs, *new), pending, made, i)
         return made
 
     def _drop_unneeded(self, cands, pending, made, i) -> None:
-        for t in cands:
-            if t in made and t in self.resident and pending.get(t, 0) == 0 and self._should_free(t, i):
-                if not self._is_off(self._storage[t], i) and self._defer_base(t):
-                    continue
-                self.out.append(Free(t))
-                self.resident.discard(t)
+        live = self.resident
+        for t in dropped_after_step(cands, _Both(made, live), pending, i, self.outputs, self._last_eff,
+                                    self._storage, self._is_off):
+            if not self._is_off(self._storage[t], i) and self._defer_base(t):
+                continue
+            self.out.append(Free(t))
+            live.discard(t)
         if self.held:
             self._release_bases()
 

@@ -131,13 +131,14 @@ def dropped_after_step(candidates: Iterable[int], resident: Container[int], pend
     Returns
     -------
     list of int
-        The candidates to free, in order.  The caller frees them (the
+        The candidates to free, in order, each once (a node may read a
+        tensor twice).  The caller frees them (the
         lowering may hold a base a view still needs; the estimate counts the
         storage's bytes as released when no tensor of it stays resident).
     """
-    out = []
+    out: list[int] = []
     for t in candidates:
         if t in resident and pending.get(t, 0) == 0 and t not in outputs and (
-                last_use[t] <= q or storage_off(storage[t], q)):
+                last_use[t] <= q or storage_off(storage[t], q)) and t not in out:
             out.append(t)
     return out

@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-import weakref
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -110,9 +109,6 @@ def _last_uses(problem: RematProblem) -> dict[int, int]:
             for t in problem.tensors}
 
 
-_CHAIN_FACTS: "weakref.WeakKeyDictionary[RematProblem, tuple]" = weakref.WeakKeyDictionary()
-
-
 def _chain_facts(problem: RematProblem) -> tuple[dict[int, int], list[bool]]:
     """Per problem (built once): :func:`_last_uses`, and per tensor whether
     it is *tainted*: an activation whose producer is not recomputable or
@@ -121,18 +117,20 @@ def _chain_facts(problem: RematProblem) -> tuple[dict[int, int], list[bool]]:
     chain through untainted tensors only re-runs recomputable nodes, so
     :func:`safe_recompute_decisions` walks tainted tensors only (the same
     answer, without walking the chains of graphs that have no
-    non-recomputable op behind them)."""
-    facts = _CHAIN_FACTS.get(problem)
-    if facts is None:
-        tensors = problem.tensors
-        tainted = [False] * len(tensors)
-        for node in problem.nodes:   # eager order: a node's inputs are settled before its outputs
-            bad = not node.recomputable or any(tainted[v] for v in node.inputs)
-            if bad:
-                for t in node.outputs:
-                    tainted[t] = tensors[t].kind == ACTIVATION
-        facts = _CHAIN_FACTS[problem] = (_last_uses(problem), tainted)
-    return facts
+    non-recomputable op behind them).  Kept in ``problem.tables``
+    (:meth:`~libra_opt.ir.tables.ProblemTables.memo`)."""
+    return problem.tables.memo("baselines.chain_facts", lambda: (_last_uses(problem), _tainted(problem)))
+
+
+def _tainted(problem: RematProblem) -> list[bool]:
+    tensors = problem.tensors
+    tainted = [False] * len(tensors)
+    for node in problem.nodes:   # eager order: a node's inputs are settled before its outputs
+        bad = not node.recomputable or any(tainted[v] for v in node.inputs)
+        if bad:
+            for t in node.outputs:
+                tainted[t] = tensors[t].kind == ACTIVATION
+    return tainted
 
 
 def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],

@@ -58,9 +58,10 @@ from libra_opt.passes.lowering import Policy
 
 from .estimate import KEEP, REC, Timeline
 from .explain import REASON_EXCHANGE, explain
+from .records import fresh_timeline
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .refine import _Refiner
+    from .refine import Refiner
 
 #: decisions (most expensive first) tried for an exchange per round
 MAX_TRIES = 3
@@ -119,7 +120,7 @@ def undo_pass(tl: Timeline, records: dict, budget: int) -> int:
     return undone
 
 
-def _ranked(ref: "_Refiner", tl: Timeline, p: int, banned: set) -> list[int]:
+def _ranked(ref: "Refiner", tl: Timeline, p: int, banned: set) -> list[int]:
     """The candidates at position ``p`` not in ``banned``, best first by bytes
     over the refiner's cached cost bound (its cheapest option), at most
     :data:`EVALS_PER_STEP` of them."""
@@ -132,7 +133,7 @@ def _ranked(ref: "_Refiner", tl: Timeline, p: int, banned: set) -> list[int]:
     return idx[order].tolist()
 
 
-def _undo(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> None:
+def _undo(ref: "Refiner", tl: Timeline, records: dict, budget: int) -> None:
     """:func:`undo_pass`, then windows whose end was moved to a chain that no
     longer regenerates their storage get their own end back (the refiner's
     ``_fix_shrunk``), so that ``tl.added_s()`` is the plan's cost."""
@@ -140,7 +141,7 @@ def _undo(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> None:
     ref._fix_shrunk(tl, records)
 
 
-def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, banned: set,
+def _descend_local(ref: "Refiner", tl: Timeline, records: dict, budget: int, banned: set,
                    finish_first: bool = False, max_evals: int | None = None) -> tuple[Timeline, dict] | None:
     """Greedy steps from ``tl`` (changed in place) until its estimated peak is
     within ``budget``: at the peak, the candidate (not in ``banned``) with the
@@ -184,7 +185,7 @@ def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, ba
     return (tl, records) if int(tl.memory().max()) <= budget else None
 
 
-def _reset_ends(ref: "_Refiner", tl: Timeline, records: dict) -> None:
+def _reset_ends(ref: "Refiner", tl: Timeline, records: dict) -> None:
     """Every recomputed window in ``records`` whose end was moved to a chain
     gets its own end back (a use of its storage)."""
     for j in list(records):
@@ -196,7 +197,7 @@ def _reset_ends(ref: "_Refiner", tl: Timeline, records: dict) -> None:
             records[j] = dataclasses.replace(records[j], before=b)
 
 
-def _cover_windows(ref: "_Refiner", budget: int, chained: bool = True) -> list[int] | None:
+def _cover_windows(ref: "Refiner", budget: int, chained: bool = True) -> list[int] | None:
     """The cheapest set of recomputed windows that covers ``budget`` under an
     additive model (window ids, largest first): a covering integer program
     (minimise the producers' recompute time subject to, at every position
@@ -211,9 +212,7 @@ def _cover_windows(ref: "_Refiner", budget: int, chained: bool = True) -> list[i
     each finds the better plan on some graphs (``_cover_plan`` tries both)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    from .refine import _fresh_timeline
-
-    tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
+    tl = fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
     mem = tl.memory()
     over = np.flatnonzero(mem > budget)
     if not len(over):
@@ -284,7 +283,7 @@ def _chained_pairs(tl: Timeline, cols: np.ndarray) -> list[tuple[int, int]]:
     return pairs
 
 
-def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
+def _cover_plan(ref: "Refiner", budget: int) -> tuple[Timeline, dict] | None:
     """:func:`_cover_windows` (solved once per problem, window mode, margin
     and budget: the descents of a solve share it) applied to a
     keep-everything timeline, then the local descent where its model missed
@@ -305,17 +304,15 @@ def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
     return best
 
 
-def _covered(ref: "_Refiner", budget: int, chained: bool) -> tuple[Timeline, dict] | None:
+def _covered(ref: "Refiner", budget: int, chained: bool) -> tuple[Timeline, dict] | None:
     """One covering program's plan (:func:`_cover_plan`), or ``None``."""
-    from .refine import _fresh_timeline
-
     key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget), chained)
     per = _COVERS.setdefault(ref.problem, {})
     if key not in per:
         per[key] = _cover_windows(ref, budget, chained)
     if not per[key]:
         return None
-    tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
+    tl = fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
     records: dict = {}
     for j in per[key]:
         eff = tl.evaluate(j, REC)
@@ -337,7 +334,7 @@ def _covered(ref: "_Refiner", budget: int, chained: bool) -> tuple[Timeline, dic
     return tl, records
 
 
-def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_evals: int = 0
+def exchange(ref: "Refiner", tl: Timeline, records: dict, budget: int, descent_evals: int = 0
              ) -> tuple[Timeline, dict, int]:
     """Exchange moves (module docstring) from the prepared timeline ``tl`` and
     its decision ``records`` for ``budget`` bytes; neither is changed.  At

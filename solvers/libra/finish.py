@@ -19,8 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,33 +31,9 @@ from .estimate import KEEP, REC, Timeline
 from .exchange import exchange as exchange_moves, undo_pass
 from .explain import REASON_REPAIR
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .refine import _Move
+from .records import FinishedPlan, Move, Snapshot
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Snapshot:
-    step: int
-    peak_bytes: int
-    elapsed_s: float
-    timeline: Timeline
-    records: dict
-    cut_short: bool = False
-    caches: tuple = ()    # the refiner's option-cost caches at this step (read by repairs)
-    evals: int = 0        # candidate evaluations the descent made up to this step (bounds exchange moves)
-
-
-@dataclass
-class _Plan:
-    schedule: object
-    simulation: object
-    timeline: Timeline
-    records: dict
-    undone: int
-    repairs: int
-    snapshot: _Snapshot
 
 
 #: the early shift (``Finisher._early_shift``) runs on problems of at most this many nodes
@@ -69,12 +43,12 @@ EARLY_SHIFT_MAX_TRIES = 32
 
 
 class Finisher:
-    """Mixin of :class:`~libra_opt.solvers.libra_refine._Refiner`: the finish
+    """Mixin of :class:`~libra_opt.solvers.libra_refine.Refiner`: the finish
     step (reads the refiner's ``problem``, ``opts``, ``orig_b``, option-cost
     caches, ``_evaluate``, ``_commit``, ``candidates`` and ``final``)."""
 
     @contextlib.contextmanager
-    def _caches_of(self, snap: _Snapshot):
+    def _caches_of(self, snap: Snapshot):
         """Read the option-cost caches as they were at ``snap`` (repairs order
         and skip options by them), so that a plan does not depend on how far
         the descent went on for lower budgets: ``solve_many`` equals ``solve``."""
@@ -89,7 +63,7 @@ class Finisher:
             self.cost, self.hid_lo, self.hid_hi = now
 
     # ------------------------------------------------------------- finish
-    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+    def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
                 polish: bool = True) -> tuple[Timeline, dict, int]:
         """The snapshot's timeline after the undo pass: decisions the budget
         does not need are undone, most expensive first (estimate only); then,
@@ -253,8 +227,8 @@ class Finisher:
             tl.refresh_swaps()
         return done
 
-    def realize(self, prepared: tuple[Timeline, dict, int], snap: _Snapshot, budget: int,
-                repair: bool = True) -> _Plan | None:
+    def realize(self, prepared: tuple[Timeline, dict, int], snap: Snapshot, budget: int,
+                repair: bool = True) -> FinishedPlan | None:
         """Lower, simulate and, while the simulated peak is over ``budget``,
         repair against the simulated timeline; ``None`` if that fails."""
         tl, records, undone = prepared[0], dict(prepared[1]), prepared[2]
@@ -263,7 +237,7 @@ class Finisher:
             sched = lower(self.problem, tl.plan())
             sim = simulate(self.problem, sched)
             if sim.peak_bytes <= budget:
-                return _Plan(sched, sim, tl, records, undone, repairs, snap)
+                return FinishedPlan(sched, sim, tl, records, undone, repairs, snap)
             if not repair or repairs == self.opts.max_repair_steps:
                 break
             q = _position(self.problem, sched, sim.peak_index)
@@ -278,12 +252,12 @@ class Finisher:
             self._commit(mv, q, int(sim.peak_bytes), tl, records, REASON_REPAIR)
         return None
 
-    def finish(self, snap: _Snapshot, budget: int, undo: bool = True, repair: bool = True,
-               polish: bool = True) -> _Plan | None:
+    def finish(self, snap: Snapshot, budget: int, undo: bool = True, repair: bool = True,
+               polish: bool = True) -> FinishedPlan | None:
         """:meth:`prepare` then :meth:`realize`."""
         return self.realize(self.prepare(snap, budget, undo, polish=polish), snap, budget, repair)
 
-    def _repair_move(self, tl: Timeline, q: int, budget: int) -> _Move | None:
+    def _repair_move(self, tl: Timeline, q: int, budget: int) -> Move | None:
         idx = self.candidates(tl, q)
         best = None
         for j in idx.tolist():
@@ -295,11 +269,11 @@ class Finisher:
                 best = (key, mv)
         return best[1] if best else None
 
-    def as_lowered(self, snap: _Snapshot) -> _Plan:
+    def as_lowered(self, snap: Snapshot) -> FinishedPlan:
         """The snapshot's timeline lowered and simulated as it is (no undo,
         retention or repair): the plan :meth:`min_feasible_bytes` measures."""
         sched = lower(self.problem, snap.timeline.plan())
-        return _Plan(sched, simulate(self.problem, sched), snap.timeline, dict(snap.records), 0, 0, snap)
+        return FinishedPlan(sched, simulate(self.problem, sched), snap.timeline, dict(snap.records), 0, 0, snap)
 
     def min_feasible_bytes(self) -> int:
         """Simulated peak of the lowered end-of-descent plan (bytes)."""

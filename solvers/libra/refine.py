@@ -14,22 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import weakref
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from libra_opt.passes.lowering import Policy, all_windows, default_windows
+from libra_opt.passes.lowering import Policy
 from libra_opt.ir.problem import RematProblem
 
 from .estimate import KEEP, REC, SWAP, Timeline
 from .explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
                       REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
-from .finish import Finisher, _Snapshot
+from .finish import Finisher
+from .records import Move, Snapshot, fresh_timeline
 
 
-#: most other windows a merged-regeneration variant tries per evaluation (``_Refiner._try_merge``)
+#: most other windows a merged-regeneration variant tries per evaluation (``Refiner._try_merge``)
 MAX_MERGES = 2
 #: most candidates evaluated exactly per refinement step before the best evaluated one is taken
 MAX_EVALS_PER_STEP = 48
@@ -37,24 +36,7 @@ MAX_EVALS_PER_STEP = 48
 _O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
 
 
-@dataclass
-class _Move:
-    j: int
-    policy: int
-    eff: object
-    score: float
-    removed: int
-    rec_s: float | None
-    swap_s: float | None
-    reason: str
-    raised_pos: int | None = None
-    raised_bytes: int | None = None
-    shrink: tuple | None = None    # (position, tensors[, "early"]): the window ends where a chain regenerates it
-    also: tuple | None = None      # ("merge", window, position, tensors): another evicted window ends at this
-    #                                move's chain; ("retain", ((tensor, position), ...)): chain inputs kept resident
-
-
-class _Refiner(Finisher):
+class Refiner(Finisher):
     """One greedy descent over one problem; resumable, with snapshots."""
 
     def __init__(self, problem: RematProblem, opts):
@@ -64,7 +46,7 @@ class _Refiner(Finisher):
         if mode == "auto":
             mode = "default" if problem.boundary < problem.num_nodes else "all"
         self.mode = mode   # the windows it descends over: "default" or "all"
-        self.tl = tl = _fresh_timeline(problem, mode, opts.swap_overlap_margin)
+        self.tl = tl = fresh_timeline(problem, mode, opts.swap_overlap_margin)
         self.allow_rec = opts.policy != "swap"
         self.allow_swap = opts.policy != "recompute"
         self.lo = tl.w_a + 1
@@ -96,7 +78,7 @@ class _Refiner(Finisher):
         # raised point is only known for that position
         self.bat_p = np.full((tl.nw, 4), -1, dtype=np.int64)
         self.eval_step = np.full(tl.nw, -1, dtype=np.int64)
-        self.cache: dict[int, _Move] = {}
+        self.cache: dict[int, Move] = {}
         self.records: dict[int, Decision] = {}
         self.step = 0
         self.evals = 0   # candidate evaluations (_evaluate calls) so far, the descent's and exchanges'
@@ -108,12 +90,12 @@ class _Refiner(Finisher):
         self.time_limit_s = opts.time_limit_s   # on busy_s; LibraSolver shares its option among descents
         self.asked: set[int] | None = None      # budgets this descent is run for (None: every budget)
         self.step_cap: int | None = None        # most steps (a variant of a portfolio: see LibraSolver)
-        self.capped_by: "_Refiner | None" = None   # the descent whose step count sets step_cap
-        self._final: _Snapshot | None = None
+        self.capped_by: "Refiner | None" = None   # the descent whose step count sets step_cap
+        self._final: Snapshot | None = None
         self._final_peak: int | None = None
 
     # ------------------------------------------------------------ descent
-    def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, _Snapshot]:
+    def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, Snapshot]:
         """Refine until the peak is under every budget (or, ``to_end``, until
         no move is left); snapshot the state when it first gets under each."""
         self._since = time.perf_counter()
@@ -129,10 +111,10 @@ class _Refiner(Finisher):
         after another."""
         return self.busy_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
 
-    def _descend(self, budgets: Sequence[int], to_end: bool) -> dict[int, _Snapshot]:
+    def _descend(self, budgets: Sequence[int], to_end: bool) -> dict[int, Snapshot]:
         tl = self.tl
         pending = sorted(set(int(b) for b in budgets), reverse=True)
-        out: dict[int, _Snapshot] = {}
+        out: dict[int, Snapshot] = {}
         while True:
             m = tl.memory()
             p = int(np.argmax(m))
@@ -154,15 +136,15 @@ class _Refiner(Finisher):
             self._commit(move, p, peak)
         return out
 
-    def final(self) -> _Snapshot:
+    def final(self) -> Snapshot:
         """The state at the end of the descent (the lowest peak it reaches)."""
         if self._final is None:
             self.descend([], to_end=True)
             self._final = self._snapshot(self.tl.peak()[0])
         return self._final
 
-    def _snapshot(self, peak: int) -> _Snapshot:
-        return _Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
+    def _snapshot(self, peak: int) -> Snapshot:
+        return Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
                          self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()), self.evals)
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:
@@ -183,7 +165,7 @@ class _Refiner(Finisher):
                 idx = np.union1d(idx, np.array(extra, dtype=np.int64))
         return idx
 
-    def _select(self, p: int, peak: int, mem: np.ndarray) -> _Move | None:
+    def _select(self, p: int, peak: int, mem: np.ndarray) -> Move | None:
         """Lazy best-first selection: candidates in order of their cached score
         bound; the first whose fresh evaluation is still the best is taken."""
         tl = self.tl
@@ -251,7 +233,7 @@ class _Refiner(Finisher):
         end = issue + tl.w_bytes[idx] / tl.d2h * (1.0 + tl.margin)
         return np.searchsorted(T, end, side="left")
 
-    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None) -> _Move | None:
+    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None) -> Move | None:
         """Best admissible option for window ``j`` at peak position ``p``: every
         raised point stays under ``limit`` (``None``: no such condition) and
         position ``p`` goes down.  Options: recompute; swap with the swap-in
@@ -365,7 +347,7 @@ class _Refiner(Finisher):
             else:
                 reason = REASON_CHEAPEST
         score = removed / max(cost, self.eps)
-        return _Move(j, pol, eff, score, removed, rec_s, swap_s, reason,
+        return Move(j, pol, eff, score, removed, rec_s, swap_s, reason,
                      raised.raised_at if raised else None, raised.raised_max if raised else None, shrink,
                      also[0] if also else None)
 
@@ -522,7 +504,7 @@ class _Refiner(Finisher):
             else:
                 self.cost[j, _O_LATE] = c
 
-    def _commit(self, mv: _Move, p: int, peak: int, tl: Timeline | None = None, records: dict | None = None,
+    def _commit(self, mv: Move, p: int, peak: int, tl: Timeline | None = None, records: dict | None = None,
                 reason: str | None = None) -> None:
         tl = self.tl if tl is None else tl
         records = self.records if records is None else records
@@ -552,20 +534,3 @@ class _Refiner(Finisher):
             self.cost[j] = np.maximum(self.cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
             self.cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
             self.bat[j] = -1
-
-# pristine timelines per problem, window mode and margin: the descents of one solve (and of later
-# solves of the same problem) start from copies, sharing the static arrays
-_TIMELINES: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
-
-
-def _fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
-    """A no-remat :class:`Timeline` over the ``mode`` windows (``"default"`` or ``"all"``)."""
-    per = _TIMELINES.setdefault(problem, {})
-    key = (mode, float(margin))
-    if key not in per:
-        if mode == "default":
-            wins = sorted((s, a, b) for s, (a, b) in default_windows(problem).items())
-        else:
-            wins = sorted(all_windows(problem))
-        per[key] = Timeline(problem, wins, margin)
-    return per[key].copy()

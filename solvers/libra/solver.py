@@ -70,7 +70,7 @@ meets the budget).  After the undo pass, *exchange moves*
 expensive decisions and cover the budget again with cheaper ones (several
 small recomputes instead of one large one), and a recomputation whose chain
 regenerates another evicted storage may end that storage's window there
-(both pay for one regeneration: ``_Refiner._try_merge``).
+(both pay for one regeneration: ``Refiner._try_merge``).
 In hybrid mode, *policy switches* (:mod:`~libra_opt.solvers.libra.switch`)
 then move swaps that stall or crowd the copy queues to recomputation and the
 most expensive recomputations to swaps that hide behind compute, on the
@@ -106,9 +106,9 @@ from libra_opt.ir.units import parse_budget
 from ..base import Solver
 from ..baselines import BaselineCandidate, BaselinePlan
 from .explain import REASON_ONLY_POLICY, explain
-from .finish import _Plan, _Snapshot
 from .estimate import SWAP
-from .refine import _Refiner
+from .records import FinishedPlan, Snapshot
+from .refine import Refiner
 from .switch import switch_policies
 from ..registry import register_solver, solver_class
 from ..result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
@@ -200,7 +200,7 @@ class LibraOptions:
     merge : bool
         Score recomputations whose chain regenerates another evicted storage
         with that storage's window ended at the chain (one regeneration for
-        both; ``_Refiner._try_merge``).  In recompute-only mode with the
+        both; ``Refiner._try_merge``).  In recompute-only mode with the
         portfolio, a second descent with the other setting runs too (on
         problems of up to 1,000 nodes: the variant costs seconds on larger
         ones) and the cheaper plan is returned (neither setting is better on
@@ -366,7 +366,7 @@ class _BaselinePool:
         return min(peaks) if peaks else None
 
 
-class _BulkSwapRefiner(_Refiner):
+class _BulkSwapRefiner(Refiner):
     """The bulk move of swap-only mode (a portfolio member on problems of at
     most ``LibraSolver.POOL_MAX_NODES`` nodes, elsewhere a fallback where
     the descents stop above a budget) and of hybrid mode (a fallback): not a
@@ -389,7 +389,7 @@ class _BulkSwapRefiner(_Refiner):
     def __init__(self, problem: RematProblem, opts):
         super().__init__(problem, opts)
         self._built = False
-        self._relaxed: dict[int, _Snapshot] = {}   # budget -> the bulk plan relaxed for it
+        self._relaxed: dict[int, Snapshot] = {}   # budget -> the bulk plan relaxed for it
 
     def _descend(self, budgets, to_end):
         if not self._built:
@@ -417,7 +417,7 @@ class _BulkSwapRefiner(_Refiner):
                                       reason=REASON_ONLY_POLICY)
         self.step = len(self.records)
 
-    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+    def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
                 polish: bool = True) -> tuple:
         """The bulk plan with what ``budget`` does not need given back (once
         per budget), then the usual finish step (:meth:`Finisher.prepare`,
@@ -462,7 +462,7 @@ class LibraSolver(Solver):
                 "learning, NTHU 2024 (greedy refinement, hybrid recompute/swap)")
     Options = LibraOptions
 
-    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[_Refiner]:
+    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[Refiner]:
         """The descents to run: the chosen policy's, plus, with ``portfolio``,
         in hybrid mode one per single policy and recompute-only mode's extra
         descents (a recompute-only plan is a hybrid plan); in recompute-only
@@ -476,7 +476,7 @@ class LibraSolver(Solver):
         the bulk move (:class:`_BulkSwapRefiner`; on larger ones it is a
         fallback, :meth:`_fallbacks`)."""
         o = self._resolved(problem)
-        refs = [_Refiner(problem, o)]
+        refs = [Refiner(problem, o)]
         if not o.portfolio:
             return refs
         if o.policy == "swap":
@@ -487,7 +487,7 @@ class LibraSolver(Solver):
             return refs
         if o.policy == "hybrid":   # (waits for copies out: only as set, or as a fallback, see _fallbacks)
             waits = bool(o.swap_waits)
-            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
+            refs += [Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
                      for pol in ("recompute", "swap")]
             if problem.num_nodes > self.POOL_MAX_NODES:
                 # large problems: the three descents and hybrid's with the other retain_inputs setting (each
@@ -495,7 +495,7 @@ class LibraSolver(Solver):
                 # without; ViT-B b128 at 0.3, 0.0350 with, 0.0302 without)
                 # It takes at most RETAIN_VARIANT_STEPS times the steps of the hybrid descent: where it
                 # needs many more, it is stalling (GPT-2 medium b8 at 0.3: 0.34 of the peak at its end).
-                variant = _Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs))
+                variant = Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs))
                 variant.capped_by = refs[0]
                 refs.append(variant)
                 return refs
@@ -504,10 +504,10 @@ class LibraSolver(Solver):
             o = dataclasses.replace(o, policy="recompute")
         base = refs[1] if self.options.policy == "hybrid" else refs[0]     # the recompute-only descent
         if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
-            refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
-        refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
+            refs.append(Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
+        refs.append(Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
         if o.windows == "auto" and base.mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
-            refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
+            refs.append(Refiner(problem, dataclasses.replace(o, windows="all")))
         return refs
 
     def _bulk_ok(self, problem: RematProblem) -> bool:
@@ -526,8 +526,8 @@ class LibraSolver(Solver):
             o = dataclasses.replace(o, retain_inputs=problem.num_nodes <= self.RETAIN_INPUTS_MAX_NODES)
         return o
 
-    def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
-                   snaps: list[dict], force: bool = False) -> tuple[list[_Refiner], list[dict]]:
+    def _fallbacks(self, problem: RematProblem, refs: list[Refiner], budgets: list[int],
+                   snaps: list[dict], force: bool = False) -> tuple[list[Refiner], list[dict]]:
         """For the budgets no descent reached: descents without early
         regeneration, when some descent took an early regeneration (which
         holds memory and can end a greedy descent sooner), and, with
@@ -566,16 +566,16 @@ class LibraSolver(Solver):
                     return bulk, bulk_snaps
         more = []
         if any(ref.used_early for ref in refs):
-            more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
+            more = [Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
         main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
         if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
-            more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
+            more.append(Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
         if (o.policy == "hybrid" and o.portfolio and o.swap_waits is None and problem.device.copies_overlap_compute
                 and not any(ref.allow_wait for ref in refs)):
             # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
             # every window with windows="auto": swap-only mode's own fallback, which reaches lowest)
             win = "all" if o.windows == "auto" else o.windows
-            ref = _Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
+            ref = Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
             if o.time_limit_s is None and problem.num_nodes > self.POOL_MAX_NODES:
                 # it takes many more steps than the others: on large problems, at most as long as they took
                 ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
@@ -586,7 +586,7 @@ class LibraSolver(Solver):
             ref.asked = set(missing)
         return more + bulk, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs)) + bulk_snaps
 
-    def _descend_all(self, refs: list[_Refiner], budgets: list[int], spent_s: float = 0.0) -> list[dict]:
+    def _descend_all(self, refs: list[Refiner], budgets: list[int], spent_s: float = 0.0) -> list[dict]:
         """Run the descents one after another towards ``budgets``.  With
         ``time_limit_s``, the limit is shared fairly: each descent may refine
         for an equal share of what is left of it (less ``spent_s``, seconds
@@ -750,7 +750,7 @@ class LibraSolver(Solver):
             return _BaselinePool(problem)
         return None
 
-    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
+    def _plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int,
               pool: _BaselinePool | None = None, met_only: bool = False) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
@@ -762,7 +762,7 @@ class LibraSolver(Solver):
         baseline's that does (recompute-only mode: see ``LibraOptions.portfolio``).
         ``met_only``: only whether the budget is met (the tightening): the
         first plan found within it, without exchange moves or the passes
-        that only save time (``polish=False`` of ``_Refiner.prepare``), and
+        that only save time (``polish=False`` of ``Refiner.prepare``), and
         the baselines only where no descent meets it."""
         found = self._libra_plan(refs, snaps, budget, met_only)
         if met_only and found is not None:
@@ -793,7 +793,7 @@ class LibraSolver(Solver):
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))
 
-    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int, met_only: bool = False
+    def _libra_plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int, met_only: bool = False
                     ) -> RawSolution | None:
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
         polish = not met_only
@@ -851,8 +851,8 @@ class LibraSolver(Solver):
         return None
 
     @staticmethod
-    def _state_key(ref: _Refiner, snap: _Snapshot) -> tuple:
-        """What :meth:`_Refiner.prepare` (without exchange moves) reads of a
+    def _state_key(ref: Refiner, snap: Snapshot) -> tuple:
+        """What :meth:`Refiner.prepare` (without exchange moves) reads of a
         descent and its snapshot: its class (the bulk move prepares its own
         way), the options but ``retain_inputs`` (a
         descent's own scoring), the window mode and the timeline's decisions
@@ -865,7 +865,7 @@ class LibraSolver(Solver):
                 tuple(sorted(tl.t_until.items())), tuple(sorted(tl.w_early.items())))
 
     @staticmethod
-    def _cheapest(refs: list[_Refiner], snaps: list[_Snapshot | None], cands: list[tuple], budget: int,
+    def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[tuple], budget: int,
                   met_only: bool, below: float = math.inf) -> tuple | None:
         """Lower and simulate ``cands`` (``(estimate, descent, prepared, tag)``),
         cheapest estimate first, until one's estimate is no better than the
@@ -884,7 +884,7 @@ class LibraSolver(Solver):
                 best = (plan, k, tag)
         return best
 
-    def _switched(self, refs: list[_Refiner], cands: list[tuple], budget: int) -> list[tuple]:
+    def _switched(self, refs: list[Refiner], cands: list[tuple], budget: int) -> list[tuple]:
         """Policy switches (:func:`~libra_opt.solvers.libra.switch.switch_policies`)
         on the cheapest estimated plan of each descent among ``cands``
         (``(estimate, descent, prepared, tag)``), at most
@@ -925,7 +925,7 @@ class LibraSolver(Solver):
         return RawSolution(schedule=sched, status=FEASIBLE, message=f"the {name} baseline's plan: {plan.message}",
                            extras=extras, simulation=sim)
 
-    def _raw(self, plan: _Plan, descent: str) -> RawSolution:
+    def _raw(self, plan: FinishedPlan, descent: str) -> RawSolution:
         decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
         est_peak = plan.timeline.peak()[0]
         tensors = plan.timeline.problem.tensors

@@ -56,7 +56,7 @@ from .estimate import REC, SWAP, Timeline
 from .exchange import undo_pass
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .refine import _Refiner
+    from .refine import Refiner
 
 #: ``Decision.reason`` of a decision whose policy this pass switched
 REASON_POLICY_SWITCH = "policy-switch"
@@ -71,11 +71,11 @@ MIN_GAIN = 1e-9
 
 
 
-def _switchable(ref: "_Refiner", tl: Timeline, j: int, policy: int) -> bool:
+def _switchable(ref: "Refiner", tl: Timeline, j: int, policy: int) -> bool:
     """Whether window ``j``, now under the other eviction policy, may move to
     ``policy``: its storage not retained and no other window of the storage
     under the other eviction policy (the descent's rule,
-    ``_Refiner._evaluate``).  A window ended at a chain that regenerates its
+    ``Refiner._evaluate``).  A window ended at a chain that regenerates its
     storage (segment-wise regeneration) may become a swap that brings the
     storage back by then."""
     other = SWAP if policy == REC else REC
@@ -87,7 +87,7 @@ def _switchable(ref: "_Refiner", tl: Timeline, j: int, policy: int) -> bool:
     return not any(int(tl.pol[k]) == other for k in tl.s_win.get(s, ()) if k != j)
 
 
-def _swap_order(ref: "_Refiner", tl: Timeline, records: dict) -> list[int]:
+def _swap_order(ref: "Refiner", tl: Timeline, records: dict) -> list[int]:
     """Swapped windows to try moving to recomputation: most stall first, then
     the cheapest producer to recompute (at most :data:`MAX_SWAP_TRIES`)."""
     sw = tl.swap
@@ -98,7 +98,7 @@ def _swap_order(ref: "_Refiner", tl: Timeline, records: dict) -> list[int]:
     return cand[:MAX_SWAP_TRIES]
 
 
-def _rec_order(ref: "_Refiner", tl: Timeline, records: dict, skip: set) -> list[int]:
+def _rec_order(ref: "Refiner", tl: Timeline, records: dict, skip: set) -> list[int]:
     """Recomputed windows (not in ``skip``) to try moving to a swap: the most
     expensive decisions first (recorded added time, chains included), at
     most :data:`MAX_REC_TRIES`."""
@@ -130,12 +130,12 @@ def _record(records: dict, j: int, policy: int, eff, saved_s: float) -> None:
                                      reason=REASON_POLICY_SWITCH, detail=detail)
 
 
-def switch_policies(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict, int]:
+def switch_policies(ref: "Refiner", tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict, int]:
     """The policy switches (module docstring) on a prepared plan for ``budget``.
 
     Parameters
     ----------
-    ref : _Refiner
+    ref : Refiner
         The descent the plan comes from (its ``problem`` and window ends).
     tl : Timeline
         The prepared timeline; not changed.

@@ -1,7 +1,10 @@
 """Records the parts of the ``libra`` solver pass to each other: a descent's
-move (:class:`Move`), its snapshot for a budget (:class:`Snapshot`), a
-finished plan (:class:`FinishedPlan`), and the pristine timeline every
-descent starts from (:func:`fresh_timeline`).
+move (:class:`Move`), its option-cost caches (:class:`OptionCosts`), its
+snapshot for a budget (:class:`Snapshot`), a finished plan
+(:class:`FinishedPlan`), the pristine timeline every descent starts from
+(:func:`fresh_timeline`), and the interface the finish step, the exchange
+moves and the policy switches use of a descent (:class:`Evaluator`,
+:class:`HasProblem`).
 
 This module imports none of the modules that use it (the descent in
 ``refine.py``, the finish step in ``finish.py``, the exchange moves in
@@ -15,6 +18,9 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
 
 from libra_opt.ir.problem import RematProblem
 from libra_opt.passes.lowering import all_windows, default_windows
@@ -68,6 +74,33 @@ class Move:
     also: tuple | None = None
 
 
+@dataclass(slots=True)
+class OptionCosts:
+    """A descent's cached cost of moving each window to each option, refreshed
+    whenever the window is evaluated; they bound scores for the lazy
+    selection and order the options an evaluation tries.
+
+    Attributes
+    ----------
+    cost : numpy.ndarray
+        ``(windows, 4)`` float64, seconds: recompute; swap with the swap-in
+        hidden behind compute; swap with the swap-in delayed past the peak;
+        swap that waits for its copy out before the peak (``inf``: not
+        allowed; the column order is ``refine.py``'s ``_O_REC``,
+        ``_O_HID``, ``_O_LATE``, ``_O_WAIT``).
+    hid_lo, hid_hi : numpy.ndarray
+        ``(windows,)`` int64: the positions a hidden swap of each window
+        covers (its release and its prefetch), as last evaluated.
+    """
+    cost: np.ndarray
+    hid_lo: np.ndarray
+    hid_hi: np.ndarray
+
+    def copy(self) -> "OptionCosts":
+        """A copy with its own arrays."""
+        return OptionCosts(self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy())
+
+
 @dataclass
 class Snapshot:
     """A descent's state when its estimated peak first got under a budget.
@@ -86,10 +119,11 @@ class Snapshot:
         Window id -> :class:`~libra_opt.solvers.libra.explain.Decision`.
     cut_short : bool
         The descent stopped on ``max_steps`` or its time limit.
-    caches : tuple
+    caches : OptionCosts or None
         The descent's option-cost caches at this step (read by repairs and
         exchange moves, so a plan does not depend on how far the descent went
-        on for lower budgets); ``()``: the descent's live caches.
+        on for lower budgets: ``solve_many`` equals ``solve``); ``None``: the
+        descent's live caches.
     evals : int
         Candidate evaluations the descent made up to this step (bounds
         exchange moves).
@@ -100,7 +134,7 @@ class Snapshot:
     timeline: Timeline
     records: dict
     cut_short: bool = False
-    caches: tuple = ()
+    caches: OptionCosts | None = None
     evals: int = 0
 
 
@@ -134,6 +168,62 @@ class FinishedPlan:
     snapshot: Snapshot
 
 
+class HasProblem(Protocol):
+    """What the policy switches (``switch.py``) read of the descent a plan
+    comes from: its problem."""
+    problem: RematProblem
+
+
+class Evaluator(Protocol):
+    """What the finish step (``finish.py``) and the exchange moves
+    (``exchange.py``) use of a descent (``refine.Refiner``): its fields and
+    its move evaluation, on timelines other than the descent's own.
+
+    Attributes
+    ----------
+    problem : RematProblem
+    opts : LibraOptions
+        The descent's options (``undo``, ``exchange``, ``retain``,
+        ``early``, ``max_repair_steps``, ``swap_overlap_margin``, ...).
+    mode : str
+        Its windows: ``"default"`` or ``"all"``.
+    orig_b : numpy.ndarray
+        ``(windows,)`` int64: each window's own end (a use of its storage),
+        before any was moved to a chain.
+    allow_rec : bool
+        Recomputation is allowed (policy is not ``"swap"``).
+    eps : float
+        Smallest added time a score divides by (s).
+    evals : int
+        Candidate evaluations made so far (the descent's and the
+        evaluations made through :meth:`evaluate`).
+    costs : OptionCosts
+        The descent's live option-cost caches.
+    """
+    problem: RematProblem
+    opts: object
+    mode: str
+    orig_b: np.ndarray
+    allow_rec: bool
+    eps: float
+    evals: int
+    costs: OptionCosts
+
+    def candidates(self, tl: Timeline, p: int) -> np.ndarray:
+        """Window ids a move may change at peak position ``p`` of ``tl``."""
+
+    def evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None,
+                 costs: OptionCosts) -> Move | None:
+        """The best admissible move of window ``j`` at position ``p`` of
+        ``tl`` (not the descent's own timeline), options ordered by
+        ``costs``; ``None`` if none lowers ``p`` under ``limit``."""
+
+    def commit(self, mv: Move, p: int, peak: int, tl: Timeline, records: dict,
+               reason: str | None = None) -> None:
+        """Apply ``mv`` (found at position ``p`` of peak ``peak`` bytes) to
+        ``tl`` and record it in ``records`` (step ``-1``)."""
+
+
 # pristine timelines per problem, window mode and margin: the descents of one solve (and of later
 # solves of the same problem) start from copies, sharing the static arrays
 _TIMELINES: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
@@ -157,4 +247,4 @@ def fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
     return per[key].copy()
 
 
-__all__ = ["Move", "Snapshot", "FinishedPlan", "fresh_timeline"]
+__all__ = ["Move", "OptionCosts", "Snapshot", "FinishedPlan", "fresh_timeline", "Evaluator", "HasProblem"]

@@ -25,7 +25,7 @@ from .estimate import KEEP, REC, SWAP, Timeline
 from .explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
                       REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
 from .finish import Finisher
-from .records import Move, Snapshot, fresh_timeline
+from .records import FinishedPlan, Move, OptionCosts, Snapshot, fresh_timeline
 
 
 #: most other windows a merged-regeneration variant tries per evaluation (``Refiner._try_merge``)
@@ -36,8 +36,21 @@ MAX_EVALS_PER_STEP = 48
 _O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
 
 
-class Refiner(Finisher):
-    """One greedy descent over one problem; resumable, with snapshots."""
+class Refiner:
+    """One greedy descent over one problem and policy; resumable, with
+    snapshots (Libra, Wang NTHU 2024: greedy refinement from the profiled
+    peak).  Implements the :class:`~libra_opt.solvers.libra.records.Evaluator`
+    interface the finish step (:class:`~libra_opt.solvers.libra.finish.Finisher`,
+    built per call by :meth:`prepare`, :meth:`realize` and
+    :meth:`as_lowered`) and the exchange moves use.
+
+    Parameters
+    ----------
+    problem : RematProblem
+    opts : LibraOptions
+        The solver's options (``policy``, ``windows``, ``swap_waits``,
+        ``swap_overlap_margin``, ``max_steps``, ``time_limit_s``, ...).
+    """
 
     def __init__(self, problem: RematProblem, opts):
         self.problem = problem
@@ -60,17 +73,16 @@ class Refiner(Finisher):
         # stall, where the copy cannot end before it).  They bound scores for the lazy selection.
         # Columns: _O_REC, _O_HID, _O_LATE, _O_WAIT.  An option refused because it would raise position
         # ``bat`` by ``bmem`` bytes to the peak is left out while that would still reach the peak.
-        self.cost = np.zeros((tl.nw, 4))
-        self.cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
+        self.costs = OptionCosts(np.zeros((tl.nw, 4)), self.lo.copy(), self.hi.copy())
+        cost = self.costs.cost
+        cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
         if not self.allow_swap:
-            self.cost[:, _O_HID] = self.cost[:, _O_LATE] = np.inf
+            cost[:, _O_HID] = cost[:, _O_LATE] = np.inf
         # waiting for a copy out only helps where copies overlap compute (elsewhere a copy blocks it anyway)
         waits = opts.swap_waits if opts.swap_waits is not None else opts.policy == "swap"
         self.allow_wait = self.allow_swap and tl.overlap and waits
         if not self.allow_wait:
-            self.cost[:, _O_WAIT] = np.inf
-        self.hid_lo = self.lo.copy()
-        self.hid_hi = self.hi.copy()
+            cost[:, _O_WAIT] = np.inf
         self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
         self.bat = np.full((tl.nw, 4), -1, dtype=np.int64)
         self.bmem = np.zeros((tl.nw, 4), dtype=np.int64)
@@ -145,7 +157,7 @@ class Refiner(Finisher):
 
     def _snapshot(self, peak: int) -> Snapshot:
         return Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
-                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()), self.evals)
+                         self.cut_short, self.costs.copy(), self.evals)
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:
         """Window ids a move may change at peak position ``p``: kept windows
@@ -172,10 +184,11 @@ class Refiner(Finisher):
         idx = self.candidates(tl, p)
         if not len(idx):
             return None
-        c = self.cost[idx]
+        costs = self.costs
+        c = costs.cost[idx]
         bat = np.where(self._bat_known(idx, p), self.bat[idx], -1)
         c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
-        lo, hi = np.maximum(self.hid_lo[idx], self._release_bound(tl, idx)), self.hid_hi[idx]
+        lo, hi = np.maximum(costs.hid_lo[idx], self._release_bound(tl, idx)), costs.hid_hi[idx]
         self.rel_lo[idx] = lo   # read by _evaluate during this selection
         c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
         # a swapped window's swap-in may be delayed past p where it is issued before p
@@ -197,7 +210,7 @@ class Refiner(Finisher):
                 return fresh_best
             self.eval_step[j] = self.step
             evals += 1
-            mv = self._evaluate(tl, j, p, peak, limit=peak)
+            mv = self._evaluate(tl, j, p, peak, peak, costs, True)
             if mv is None:
                 local[k] = -np.inf
             else:
@@ -233,7 +246,18 @@ class Refiner(Finisher):
         end = issue + tl.w_bytes[idx] / tl.d2h * (1.0 + tl.margin)
         return np.searchsorted(T, end, side="left")
 
-    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None) -> Move | None:
+    def evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None,
+                 costs: OptionCosts) -> Move | None:
+        """:meth:`_evaluate` on a timeline other than the descent's own (a
+        prepared plan's, in exchange moves and repairs), its options ordered
+        and skipped by ``costs`` (a snapshot's caches, read only): no cache
+        of the descent is changed (but its evaluation count), and no early
+        regeneration is tried.  ``peak``: the memory at ``p`` (bytes), read
+        only where ``limit`` is not ``None``."""
+        return self._evaluate(tl, j, p, peak, limit, costs, False)
+
+    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None, costs: OptionCosts,
+                  descent: bool) -> Move | None:
         """Best admissible option for window ``j`` at peak position ``p``: every
         raised point stays under ``limit`` (``None``: no such condition) and
         position ``p`` goes down.  Options: recompute; swap with the swap-in
@@ -241,8 +265,14 @@ class Refiner(Finisher):
         after ``p`` (it then covers ``p``, at the price of a stall); swap that
         waits for its copy out right before ``p`` (where the copy cannot end
         before ``p``; a stall), its swap-in after ``p``.  An evicted window
-        may switch policy, delay its swap-in or wait for its copy out."""
+        may switch policy, delay its swap-in or wait for its copy out.
+        ``costs``: the option-cost caches that order and skip the options.
+        ``descent``: ``tl`` is the descent's own timeline, in its selection
+        step: the caches (``costs`` must then be the descent's own) learn the
+        evaluated costs and the points they raise, and an early regeneration
+        is tried; otherwise nothing of the descent changes."""
         self.evals += 1
+        ocost = costs.cost   # (windows, 4) s
         s = int(tl.w_s[j])
         if s in tl.s_retained:   # a storage is either evicted or retained
             return None
@@ -254,21 +284,21 @@ class Refiner(Finisher):
         # once an admissible one is known to cost no more than its cached (lower-bound) cost
         todo: list[tuple[float, int, int, int]] = []   # (cached cost, column, policy, floor)
         if self.allow_rec and tl.w_rec_ok[j] and SWAP not in others and cur != REC:
-            todo.append((self.cost[j, _O_REC], _O_REC, REC, 0))
+            todo.append((ocost[j, _O_REC], _O_REC, REC, 0))
         if self.allow_swap and REC not in others:
-            natural = tl is not self.tl or self.rel_lo[j] <= p   # the copy out may end before p
-            if cur != SWAP and p <= self.hid_hi[j]:
+            natural = not descent or self.rel_lo[j] <= p   # the copy out may end before p
+            if cur != SWAP and p <= costs.hid_hi[j]:
                 # a swap whose copy out cannot end before p does not lower p (and more copies only
                 # delay the others): evaluate it only where it may release the storage by p
                 if natural:
-                    todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
-            elif (tl.pos.get(j, -1) if cur == SWAP else self.hid_hi[j]) < p < b:
-                todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+                    todo.append((ocost[j, _O_HID], _O_HID, SWAP, 0))
+            elif (tl.pos.get(j, -1) if cur == SWAP else costs.hid_hi[j]) < p < b:
+                todo.append((ocost[j, _O_LATE], _O_LATE, SWAP, p))
             if self.allow_wait and p < b and (not natural if cur != SWAP else (
                     tl.wait[j] != p and p < int(tl.sw_r0[j]))):
                 # the copy out cannot end before p: wait for it right before p (its swap-in after p)
-                todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
-        if tl is self.tl and limit is not None and todo:
+                todo.append((ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
+        if descent and limit is not None and todo:
             # as in _select: an option known to raise a point to the peak stays out while it still would
             mem = tl.memory()
             bat = np.where(self._bat_known(np.array([j]), p)[0], self.bat[j], -1)
@@ -288,7 +318,7 @@ class Refiner(Finisher):
             else:
                 e = tl.evaluate(j, REC)
             opts.append((pol, fl, e))
-            if tl is self.tl:
+            if descent:
                 self._remember(j, [(pol, fl, e)], col)
                 self.bat[j, col] = -1
             if not e.feasible:
@@ -302,7 +332,7 @@ class Refiner(Finisher):
                 self._try_merge(tl, j, e, p, m_p, limit, ok)
             if pol == REC and cur == KEEP and e.feasible and self.opts.retain and self.opts.retain_inputs:
                 self._try_retain(tl, j, e, p, m_p, limit, ok)
-            if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
+            if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and descent:
                 if pol == REC and cur == KEEP and self.opts.early:
                     self._try_early(tl, j, p, m_p, limit, ok)
                 mem = tl.memory() if mem is None else mem
@@ -312,17 +342,17 @@ class Refiner(Finisher):
             if col == _O_HID and newp >= m_p and p < b:
                 k = np.flatnonzero(e.swap.ids == j)
                 if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
-                    todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+                    todo.append((ocost[j, _O_LATE], _O_LATE, SWAP, p))
                 if len(k) and int(e.swap.r0[k[0]]) > p and self.allow_wait and not any(x[1] == _O_WAIT for x in todo):
-                    todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
+                    todo.append((ocost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
         feasible = [(pol, fl, e) for pol, fl, e in opts if e.feasible]
         if not ok:
             return None
         cost, _, fl, pol, eff, removed, shrink, *also = min(ok, key=lambda x: x[:3])
         rec = [max(e.cost_s, 0.0) for q, _, e in feasible if q == REC]
         swp = [max(e.cost_s, 0.0) for q, _, e in feasible if q == SWAP]
-        rec_s = rec[0] if rec else (float(self.cost[j, _O_REC]) if np.isfinite(self.cost[j, _O_REC]) else None)
-        swap_s = min(swp) if swp else (float(self.cost[j, _O_HID]) if np.isfinite(self.cost[j, _O_HID]) else None)
+        rec_s = rec[0] if rec else (float(ocost[j, _O_REC]) if np.isfinite(ocost[j, _O_REC]) else None)
+        swap_s = min(swp) if swp else (float(ocost[j, _O_HID]) if np.isfinite(ocost[j, _O_HID]) else None)
         rec_ok = any(x[3] == REC for x in ok)
         raised = None
         if pol == REC:
@@ -490,24 +520,49 @@ class Refiner(Finisher):
     def _remember(self, j: int, opts, col: int | None = None) -> None:
         """Cache the evaluated option costs of window ``j`` (see ``__init__``);
         ``col``: the option column, where it is not told by policy and floor."""
+        costs = self.costs
         for pol, fl, e in opts:
             c = max(e.cost_s, 0.0) if e.feasible else np.inf
             if col == _O_WAIT:
-                self.cost[j, _O_WAIT] = c
+                costs.cost[j, _O_WAIT] = c
             elif pol == REC:
-                self.cost[j, _O_REC] = c
+                costs.cost[j, _O_REC] = c
             elif fl == 0:
-                self.cost[j, _O_HID] = c
+                costs.cost[j, _O_HID] = c
                 k = np.flatnonzero(e.swap.ids == j) if e.swap is not None else ()
                 if len(k):
-                    self.hid_lo[j], self.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
+                    costs.hid_lo[j], costs.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
             else:
-                self.cost[j, _O_LATE] = c
+                costs.cost[j, _O_LATE] = c
 
-    def _commit(self, mv: Move, p: int, peak: int, tl: Timeline | None = None, records: dict | None = None,
-                reason: str | None = None) -> None:
-        tl = self.tl if tl is None else tl
-        records = self.records if records is None else records
+    def commit(self, mv: Move, p: int, peak: int, tl: Timeline, records: dict, reason: str | None = None) -> None:
+        """Apply ``mv`` (found at position ``p``, peak ``peak`` bytes) to
+        ``tl``, a timeline other than the descent's own (exchange moves,
+        repairs), and record it in ``records`` (window id ->
+        :class:`~libra_opt.solvers.libra.explain.Decision`, step ``-1``,
+        ``reason``: the move's own where ``None``); nothing of the descent
+        changes."""
+        self._apply(mv, p, peak, tl, records, -1, reason)
+
+    def _commit(self, mv: Move, p: int, peak: int) -> None:
+        """Take ``mv`` in the descent: applied to its timeline and records as
+        step :attr:`step`; the caches of the moved window keep its switch
+        costs."""
+        self._apply(mv, p, peak, self.tl, self.records, self.step, None)
+        j = mv.j
+        if mv.shrink is not None and len(mv.shrink) > 2:
+            self.used_early = True
+        self.step += 1
+        # what is left are switch costs: roughly the other options' costs less what was paid
+        cost = self.costs.cost
+        cost[j] = np.maximum(cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
+        cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
+        self.bat[j] = -1
+
+    def _apply(self, mv: Move, p: int, peak: int, tl: Timeline, records: dict, step: int,
+               reason: str | None) -> None:
+        """``mv`` applied to ``tl`` (its merged or retained companions first)
+        and recorded in ``records`` at ``step``."""
         j = mv.j
         if mv.also is not None and mv.also[0] == "merge":
             _, k, q, made = mv.also
@@ -519,18 +574,40 @@ class Refiner(Finisher):
                 tl.retain(t, q)
         if mv.shrink is not None:
             tl.set_before(j, mv.shrink[0], mv.shrink[1])
-            if len(mv.shrink) > 2 and tl is self.tl:
-                self.used_early = True
         tl.apply(j, mv.policy, mv.eff)
-        records[j] = explain(self.problem, step=self.step if tl is self.tl else -1, storage=int(tl.w_s[j]),
+        records[j] = explain(self.problem, step=step, storage=int(tl.w_s[j]),
                              after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=Policy.of_code(mv.policy).value,
                              nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
                              added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
                              reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes,
                              early_from=int(tl.orig_b[j]) if mv.shrink is not None and len(mv.shrink) > 2 else None)
-        if tl is self.tl:
-            self.step += 1
-            # what is left are switch costs: roughly the other options' costs less what was paid
-            self.cost[j] = np.maximum(self.cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
-            self.cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
-            self.bat[j] = -1
+
+    # ------------------------------------------------------------ finish (composed: finish.Finisher)
+    def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+                polish: bool = True) -> tuple[Timeline, dict, int]:
+        """:meth:`Finisher.prepare <libra_opt.solvers.libra.finish.Finisher.prepare>`
+        of this descent's snapshot ``snap`` for ``budget`` (bytes)."""
+        return Finisher(self).prepare(snap, budget, undo, exchange, polish)
+
+    def realize(self, prepared: tuple[Timeline, dict, int], snap: Snapshot, budget: int,
+                repair: bool = True) -> FinishedPlan | None:
+        """:meth:`Finisher.realize <libra_opt.solvers.libra.finish.Finisher.realize>`:
+        lower, simulate, repair; ``None`` where the plan stays over ``budget``."""
+        return Finisher(self).realize(prepared, snap, budget, repair)
+
+    def finish(self, snap: Snapshot, budget: int, undo: bool = True, repair: bool = True,
+               polish: bool = True) -> FinishedPlan | None:
+        """:meth:`prepare` then :meth:`realize` (a subclass's ``prepare`` included)."""
+        return self.realize(self.prepare(snap, budget, undo, polish=polish), snap, budget, repair)
+
+    def as_lowered(self, snap: Snapshot) -> FinishedPlan:
+        """The snapshot's timeline lowered and simulated as it is
+        (:meth:`Finisher.as_lowered <libra_opt.solvers.libra.finish.Finisher.as_lowered>`)."""
+        return Finisher(self).as_lowered(snap)
+
+    def min_feasible_bytes(self) -> int:
+        """Simulated peak of the lowered end-of-descent plan (bytes); runs the
+        descent to its end if it has not got there."""
+        if self._final_peak is None:
+            self._final_peak = self.as_lowered(self.final()).simulation.peak_bytes
+        return self._final_peak

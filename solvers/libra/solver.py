@@ -420,7 +420,7 @@ class _BulkSwapRefiner(Refiner):
     def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
                 polish: bool = True) -> tuple:
         """The bulk plan with what ``budget`` does not need given back (once
-        per budget), then the usual finish step (:meth:`Finisher.prepare`,
+        per budget), then the usual finish step (:meth:`Refiner.prepare`,
         without exchange moves: the bulk plan has no descent to draw them
         from).  With ``polish=False`` (only whether the budget is met) too:
         the simulation can differ from the estimate where swap-ins are issued

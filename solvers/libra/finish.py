@@ -37,7 +37,7 @@ from libra_opt.passes.simulator import simulate
 from .estimate import Timeline
 from .exchange import exchange as exchange_moves
 from .explain import REASON_REPAIR
-from .records import Evaluator, FinishedPlan, Move, OptionCosts, Snapshot
+from .records import Evaluator, FinishedPlan, Move, OptionCosts, Prepared, Snapshot
 from .tidy import early_shift, fix_shrunk, keep_regenerated, retain_inputs, undo_pass
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Finisher:
         return snap.caches if snap.caches is not None else self.ev.costs
 
     def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
-                polish: bool = True) -> tuple[Timeline, dict, int]:
+                polish: bool = True) -> Prepared:
         """The snapshot's timeline after the undo pass: decisions the budget
         (bytes) does not need are undone, most expensive first (estimate
         only); then, with ``exchange`` (``None``: the ``exchange`` option),
@@ -75,8 +75,7 @@ class Finisher:
         leaves out the passes that only save time within the budget
         (regenerated storages kept, retained inputs, the early shift): for a
         caller that only asks whether the budget is met, as each of them
-        keeps the estimated peak within it.  Returns ``(timeline, records,
-        decisions undone)``; the snapshot is not changed."""
+        keeps the estimated peak within it.  The snapshot is not changed."""
         ev, opts = self.ev, self.ev.opts
         tl = snap.timeline.copy()
         records = dict(snap.records)
@@ -93,16 +92,16 @@ class Finisher:
             if opts.undo and undo and opts.early:
                 tl, records = early_shift(ev.problem, ev.orig_b, tl, records, budget)
         fix_shrunk(tl, records, ev.orig_b)
-        return tl, records, undone
+        return Prepared(tl, records, undone)
 
-    def realize(self, prepared: tuple[Timeline, dict, int], snap: Snapshot, budget: int,
+    def realize(self, prepared: Prepared, snap: Snapshot, budget: int,
                 repair: bool = True) -> FinishedPlan | None:
         """Lower, simulate and, while the simulated peak is over ``budget``
         (bytes), repair against the simulated timeline (at most the
         ``max_repair_steps`` option's moves); ``None`` if that fails.
         ``prepared`` (:meth:`prepare`'s result) is not changed."""
         problem, opts = self.ev.problem, self.ev.opts
-        tl, records, undone = prepared[0], dict(prepared[1]), prepared[2]
+        tl, records, undone = prepared.timeline, dict(prepared.records), prepared.undone
         copied = False   # the prepared timeline is copied only if a repair changes it
         for repairs in range(opts.max_repair_steps + 1 if repair else 1):
             sched = lower(problem, tl.plan())

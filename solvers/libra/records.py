@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence
 
 import numpy as np
 
@@ -26,6 +26,41 @@ from libra_opt.ir.problem import RematProblem
 from libra_opt.passes.lowering import all_windows, default_windows
 
 from .estimate import Timeline
+
+
+class Shrink(NamedTuple):
+    """A recomputed window ended early, where a chain regenerates its storage
+    (segment-wise regeneration), or regenerated early (``early``).
+
+    Attributes
+    ----------
+    position : int
+        The new end of the window (eager position of the chain).
+    tensors : list of int
+        The storage's tensors regenerated there.
+    early : bool
+        An early regeneration (before the node between the peak and the use
+        where memory is lowest), not a chain that regenerates it anyway:
+        recorded as ``Decision.early_from``.
+    """
+    position: int
+    tensors: list
+    early: bool = False
+
+
+class Merge(NamedTuple):
+    """Another recomputed window ``window`` ends at this move's chain, at
+    ``position``, where ``tensors`` of its storage are regenerated (one
+    regeneration pays for both)."""
+    window: int
+    position: int
+    tensors: list
+
+
+class RetainInputs(NamedTuple):
+    """Inputs of the storage's producer kept resident until the chain that
+    would regenerate them: ``pairs`` of ``(tensor id, position)``."""
+    pairs: tuple
 
 
 @dataclass
@@ -52,13 +87,12 @@ class Move:
     raised_pos, raised_bytes : int or None
         Where recomputing would have raised a new peak, and to how many
         bytes (the reason for a swap), else ``None``.
-    shrink : tuple or None
-        ``(position, tensors[, "early"])``: the window ends where a chain
-        regenerates the storage (``"early"``: an early regeneration).
-    also : tuple or None
-        ``("merge", window, position, tensors)``: another evicted window ends
-        at this move's chain; ``("retain", ((tensor, position), ...))``: chain
-        inputs kept resident.
+    shrink : Shrink or None
+        The window ends where a chain regenerates the storage (or is
+        regenerated early).
+    also : Merge or RetainInputs or None
+        What the move changes besides the window: another evicted window
+        ended at this move's chain, or chain inputs kept resident.
     """
     j: int
     policy: int
@@ -70,8 +104,8 @@ class Move:
     reason: str
     raised_pos: int | None = None
     raised_bytes: int | None = None
-    shrink: tuple | None = None
-    also: tuple | None = None
+    shrink: Shrink | None = None
+    also: Merge | RetainInputs | None = None
 
 
 @dataclass(slots=True)
@@ -136,6 +170,25 @@ class Snapshot:
     cut_short: bool = False
     caches: OptionCosts | None = None
     evals: int = 0
+
+
+class Prepared(NamedTuple):
+    """A snapshot prepared for one budget (``Finisher.prepare``): estimate
+    only, not yet lowered.
+
+    Attributes
+    ----------
+    timeline : Timeline
+        Its own copy of the snapshot's timeline, after the undo pass (and the
+        exchange moves and the passes that save time, where asked).
+    records : dict
+        Window id -> :class:`~libra_opt.solvers.libra.explain.Decision`.
+    undone : int
+        Decisions the undo pass gave back.
+    """
+    timeline: Timeline
+    records: dict
+    undone: int
 
 
 @dataclass
@@ -247,4 +300,4 @@ def fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
     return per[key].copy()
 
 
-__all__ = ["Move", "OptionCosts", "Snapshot", "FinishedPlan", "fresh_timeline", "Evaluator", "HasProblem"]
+__all__ = ["Shrink", "Merge", "RetainInputs", "Move", "OptionCosts", "Snapshot", "Prepared", "FinishedPlan", "fresh_timeline", "Evaluator", "HasProblem"]

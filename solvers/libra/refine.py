@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from .estimate import KEEP, REC, SWAP, Timeline
 from .explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
                       REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
 from .finish import Finisher
-from .records import FinishedPlan, Move, OptionCosts, Snapshot, fresh_timeline
+from .records import FinishedPlan, Merge, Move, OptionCosts, Prepared, RetainInputs, Shrink, Snapshot, fresh_timeline
 
 
 #: most other windows a merged-regeneration variant tries per evaluation (``Refiner._try_merge``)
@@ -34,6 +34,35 @@ MAX_MERGES = 2
 MAX_EVALS_PER_STEP = 48
 #: option columns: recompute, swap hidden behind compute, delayed swap, swap that waits for its copy out
 _O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
+
+
+class _Todo(NamedTuple):
+    """An option :meth:`Refiner._evaluate` is still to try on one window."""
+    cached: float   # its cached (lower-bound) cost, s
+    col: int        # its option column (_O_REC, _O_HID, _O_LATE, _O_WAIT)
+    policy: int     # REC or SWAP
+    floor: int      # earliest position of the swap-in (0: none)
+
+
+class _Tried(NamedTuple):
+    """An option :meth:`Refiner._evaluate` evaluated on the timeline."""
+    policy: int
+    floor: int
+    eff: object     # Timeline.evaluate's effect
+
+
+class _Option(NamedTuple):
+    """An admissible option of one window (it lowers the peak position and
+    keeps every raised point under the limit); the cheapest is the move, ties
+    broken by recompute first, then the lower floor."""
+    cost: float     # added time, s (>= 0)
+    swap: bool      # not a recomputation (the tie-break)
+    floor: int
+    policy: int
+    eff: object
+    removed: int    # bytes taken off the peak position
+    shrink: Shrink | None = None
+    also: Merge | RetainInputs | None = None
 
 
 class Refiner:
@@ -282,50 +311,50 @@ class Refiner:
         b = int(tl.w_b[j])
         # options, tried cheapest cached cost first (recompute first on ties); an option is skipped
         # once an admissible one is known to cost no more than its cached (lower-bound) cost
-        todo: list[tuple[float, int, int, int]] = []   # (cached cost, column, policy, floor)
+        todo: list[_Todo] = []
         if self.allow_rec and tl.w_rec_ok[j] and SWAP not in others and cur != REC:
-            todo.append((ocost[j, _O_REC], _O_REC, REC, 0))
+            todo.append(_Todo(ocost[j, _O_REC], _O_REC, REC, 0))
         if self.allow_swap and REC not in others:
             natural = not descent or self.rel_lo[j] <= p   # the copy out may end before p
             if cur != SWAP and p <= costs.hid_hi[j]:
                 # a swap whose copy out cannot end before p does not lower p (and more copies only
                 # delay the others): evaluate it only where it may release the storage by p
                 if natural:
-                    todo.append((ocost[j, _O_HID], _O_HID, SWAP, 0))
+                    todo.append(_Todo(ocost[j, _O_HID], _O_HID, SWAP, 0))
             elif (tl.pos.get(j, -1) if cur == SWAP else costs.hid_hi[j]) < p < b:
-                todo.append((ocost[j, _O_LATE], _O_LATE, SWAP, p))
+                todo.append(_Todo(ocost[j, _O_LATE], _O_LATE, SWAP, p))
             if self.allow_wait and p < b and (not natural if cur != SWAP else (
                     tl.wait[j] != p and p < int(tl.sw_r0[j]))):
                 # the copy out cannot end before p: wait for it right before p (its swap-in after p)
-                todo.append((ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
+                todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
         if descent and limit is not None and todo:
             # as in _select: an option known to raise a point to the peak stays out while it still would
             mem = tl.memory()
             bat = np.where(self._bat_known(np.array([j]), p)[0], self.bat[j], -1)
-            todo = [x for x in todo if bat[x[1]] < 0 or int(mem[bat[x[1]]]) + int(self.bmem[j, x[1]]) < peak]
-        opts: list[tuple[int, int, object]] = []
-        ok = []
+            todo = [x for x in todo if bat[x.col] < 0 or int(mem[bat[x.col]]) + int(self.bmem[j, x.col]) < peak]
+        opts: list[_Tried] = []
+        ok: list[_Option] = []
         mem = None
         while todo:
-            todo.sort(key=lambda x: (x[0], x[1]))
+            todo.sort(key=lambda x: (x.cached, x.col))
             cached, col, pol, fl = todo.pop(0)
             if ok:
-                best = min(ok, key=lambda x: x[:2])
-                if cached > best[0] or (cached == best[0] and col != _O_REC):
+                best = min(ok, key=lambda x: (x.cost, x.swap))
+                if cached > best.cost or (cached == best.cost and col != _O_REC):
                     break
             if pol == SWAP:
                 e = tl.evaluate(j, pol, floor=fl, wait=p if col == _O_WAIT else None)
             else:
                 e = tl.evaluate(j, REC)
-            opts.append((pol, fl, e))
+            opts.append(_Tried(pol, fl, e))
             if descent:
-                self._remember(j, [(pol, fl, e)], col)
+                self._remember(j, pol, fl, e, col)
                 self.bat[j, col] = -1
             if not e.feasible:
                 continue
             newp = tl.new_value_at(j, pol, e, p)
             if newp < m_p and (limit is None or e.raised_max < limit):
-                ok.append((max(e.cost_s, 0.0), pol != REC, fl, pol, e, m_p - newp, None))
+                ok.append(_Option(max(e.cost_s, 0.0), pol != REC, fl, pol, e, m_p - newp))
                 if pol == REC and cur == KEEP:
                     self._try_shrink(tl, j, e, p, m_p, limit, ok)
             if pol == REC and cur == KEEP and e.feasible and self.opts.merge:
@@ -342,25 +371,26 @@ class Refiner:
             if col == _O_HID and newp >= m_p and p < b:
                 k = np.flatnonzero(e.swap.ids == j)
                 if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
-                    todo.append((ocost[j, _O_LATE], _O_LATE, SWAP, p))
-                if len(k) and int(e.swap.r0[k[0]]) > p and self.allow_wait and not any(x[1] == _O_WAIT for x in todo):
-                    todo.append((ocost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
-        feasible = [(pol, fl, e) for pol, fl, e in opts if e.feasible]
+                    todo.append(_Todo(ocost[j, _O_LATE], _O_LATE, SWAP, p))
+                if len(k) and int(e.swap.r0[k[0]]) > p and self.allow_wait and not any(x.col == _O_WAIT for x in todo):
+                    todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
+        feasible = [t for t in opts if t.eff.feasible]
         if not ok:
             return None
-        cost, _, fl, pol, eff, removed, shrink, *also = min(ok, key=lambda x: x[:3])
-        rec = [max(e.cost_s, 0.0) for q, _, e in feasible if q == REC]
-        swp = [max(e.cost_s, 0.0) for q, _, e in feasible if q == SWAP]
+        chosen = min(ok, key=lambda x: (x.cost, x.swap, x.floor))
+        pol, removed = chosen.policy, chosen.removed
+        rec = [max(t.eff.cost_s, 0.0) for t in feasible if t.policy == REC]
+        swp = [max(t.eff.cost_s, 0.0) for t in feasible if t.policy == SWAP]
         rec_s = rec[0] if rec else (float(ocost[j, _O_REC]) if np.isfinite(ocost[j, _O_REC]) else None)
         swap_s = min(swp) if swp else (float(ocost[j, _O_HID]) if np.isfinite(ocost[j, _O_HID]) else None)
-        rec_ok = any(x[3] == REC for x in ok)
+        rec_ok = any(x.policy == REC for x in ok)
         raised = None
         if pol == REC:
             if cur == SWAP:
                 reason = REASON_SWITCH
             elif not self.allow_swap:
                 reason = REASON_ONLY_POLICY
-            elif swp and not any(x[3] == SWAP for x in ok):
+            elif swp and not any(x.policy == SWAP for x in ok):
                 reason = REASON_SWAP_NO_GAIN
             else:
                 reason = REASON_CHEAPEST
@@ -373,13 +403,13 @@ class Refiner:
                 reason = REASON_NOT_RECOMPUTABLE
             elif rec and not rec_ok:
                 reason = REASON_NEW_PEAK
-                raised = next(e for q, _, e in feasible if q == REC)
+                raised = next(t.eff for t in feasible if t.policy == REC)
             else:
                 reason = REASON_CHEAPEST
-        score = removed / max(cost, self.eps)
-        return Move(j, pol, eff, score, removed, rec_s, swap_s, reason,
-                     raised.raised_at if raised else None, raised.raised_max if raised else None, shrink,
-                     also[0] if also else None)
+        score = removed / max(chosen.cost, self.eps)
+        return Move(j, pol, chosen.eff, score, removed, rec_s, swap_s, reason,
+                    raised.raised_at if raised else None, raised.raised_max if raised else None, chosen.shrink,
+                    chosen.also)
 
     def _try_shrink(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
         """Recomputation variant of window ``j`` that ends at the first chain
@@ -396,7 +426,7 @@ class Refiner:
         if newp is None or e2.cost_s >= e.cost_s:
             return
         if newp < m_p and (limit is None or e2.raised_max < limit):
-            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, made)))
+            ok.append(_Option(max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, Shrink(q, made)))
 
     def _try_merge(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
         """Recomputation variant of kept window ``j`` for when its chain (``e``)
@@ -432,7 +462,7 @@ class Refiner:
                         cost = tl.added_s() - before + max(e2.cost_s, 0.0)
                         if cost < max(e.cost_s, 0.0) and newp < m_p and (
                                 limit is None or max(e2.raised_max, hold) < limit):
-                            ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None, ("merge", k, q, made)))
+                            ok.append(_Option(max(cost, 0.0), False, 0, REC, e2, m_p - newp, None, Merge(k, q, made)))
                     finally:
                         tl.move_end(k, state=old, replay=False)
                         tl.restore_chains(journal)
@@ -481,8 +511,8 @@ class Refiner:
                     vals[i] = tl.new_value_at(j, REC, e2, q)
             hold = int(vals.max()) if len(vals) else 0
             if limit is None or max(e2.raised_max, hold) < limit:
-                ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None,
-                           ("retain", tuple(rets.items()))))
+                ok.append(_Option(max(cost, 0.0), False, 0, REC, e2, m_p - newp, None,
+                                  RetainInputs(tuple(rets.items()))))
         finally:
             for t in reversed(done):
                 tl.retain(t, None, replay=False)
@@ -501,7 +531,7 @@ class Refiner:
         first = tl.tensors_read_at(s, b)
         e2, newp = self._ending_at(tl, j, q, first, p)
         if newp is not None and newp < m_p and e2.raised_max < limit:
-            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, first, "early")))
+            ok.append(_Option(max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, Shrink(q, first, True)))
 
     @staticmethod
     def _ending_at(tl: Timeline, j: int, q: int, tensors: list[int], p: int):
@@ -517,23 +547,23 @@ class Refiner:
         finally:
             tl.move_window_back(j, old)
 
-    def _remember(self, j: int, opts, col: int | None = None) -> None:
-        """Cache the evaluated option costs of window ``j`` (see ``__init__``);
-        ``col``: the option column, where it is not told by policy and floor."""
+    def _remember(self, j: int, pol: int, fl: int, e, col: int) -> None:
+        """Cache the evaluated cost of option ``col`` (policy ``pol``, floor
+        ``fl``, effect ``e``) of window ``j`` in the descent's caches (see
+        ``__init__``)."""
         costs = self.costs
-        for pol, fl, e in opts:
-            c = max(e.cost_s, 0.0) if e.feasible else np.inf
-            if col == _O_WAIT:
-                costs.cost[j, _O_WAIT] = c
-            elif pol == REC:
-                costs.cost[j, _O_REC] = c
-            elif fl == 0:
-                costs.cost[j, _O_HID] = c
-                k = np.flatnonzero(e.swap.ids == j) if e.swap is not None else ()
-                if len(k):
-                    costs.hid_lo[j], costs.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
-            else:
-                costs.cost[j, _O_LATE] = c
+        c = max(e.cost_s, 0.0) if e.feasible else np.inf
+        if col == _O_WAIT:
+            costs.cost[j, _O_WAIT] = c
+        elif pol == REC:
+            costs.cost[j, _O_REC] = c
+        elif fl == 0:
+            costs.cost[j, _O_HID] = c
+            k = np.flatnonzero(e.swap.ids == j) if e.swap is not None else ()
+            if len(k):
+                costs.hid_lo[j], costs.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
+        else:
+            costs.cost[j, _O_LATE] = c
 
     def commit(self, mv: Move, p: int, peak: int, tl: Timeline, records: dict, reason: str | None = None) -> None:
         """Apply ``mv`` (found at position ``p``, peak ``peak`` bytes) to
@@ -550,7 +580,7 @@ class Refiner:
         costs."""
         self._apply(mv, p, peak, self.tl, self.records, self.step, None)
         j = mv.j
-        if mv.shrink is not None and len(mv.shrink) > 2:
+        if mv.shrink is not None and mv.shrink.early:
             self.used_early = True
         self.step += 1
         # what is left are switch costs: roughly the other options' costs less what was paid
@@ -564,32 +594,33 @@ class Refiner:
         """``mv`` applied to ``tl`` (its merged or retained companions first)
         and recorded in ``records`` at ``step``."""
         j = mv.j
-        if mv.also is not None and mv.also[0] == "merge":
-            _, k, q, made = mv.also
-            tl.move_end(k, q, made)
+        also = mv.also
+        if isinstance(also, Merge):
+            k, q = also.window, also.position
+            tl.move_end(k, q, also.tensors)
             if records.get(k) is not None:
                 records[k] = dataclasses.replace(records[k], before=q)
-        elif mv.also is not None:
-            for t, q in mv.also[1]:
+        elif isinstance(also, RetainInputs):
+            for t, q in also.pairs:
                 tl.retain(t, q)
         if mv.shrink is not None:
-            tl.set_before(j, mv.shrink[0], mv.shrink[1])
+            tl.set_before(j, mv.shrink.position, mv.shrink.tensors)
         tl.apply(j, mv.policy, mv.eff)
         records[j] = explain(self.problem, step=step, storage=int(tl.w_s[j]),
                              after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=Policy.of_code(mv.policy).value,
                              nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
                              added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
                              reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes,
-                             early_from=int(tl.orig_b[j]) if mv.shrink is not None and len(mv.shrink) > 2 else None)
+                             early_from=int(tl.orig_b[j]) if mv.shrink is not None and mv.shrink.early else None)
 
     # ------------------------------------------------------------ finish (composed: finish.Finisher)
     def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
-                polish: bool = True) -> tuple[Timeline, dict, int]:
+                polish: bool = True) -> Prepared:
         """:meth:`Finisher.prepare <libra_opt.solvers.libra.finish.Finisher.prepare>`
         of this descent's snapshot ``snap`` for ``budget`` (bytes)."""
         return Finisher(self).prepare(snap, budget, undo, exchange, polish)
 
-    def realize(self, prepared: tuple[Timeline, dict, int], snap: Snapshot, budget: int,
+    def realize(self, prepared: Prepared, snap: Snapshot, budget: int,
                 repair: bool = True) -> FinishedPlan | None:
         """:meth:`Finisher.realize <libra_opt.solvers.libra.finish.Finisher.realize>`:
         lower, simulate, repair; ``None`` where the plan stays over ``budget``."""

@@ -92,7 +92,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -107,7 +107,7 @@ from ..base import Solver
 from ..baselines import BaselineCandidate, BaselinePlan
 from .explain import REASON_ONLY_POLICY, explain
 from .estimate import SWAP
-from .records import FinishedPlan, Snapshot
+from .records import FinishedPlan, Prepared, Snapshot
 from .refine import Refiner
 from .switch import switch_policies
 from ..registry import register_solver, solver_class
@@ -418,7 +418,7 @@ class _BulkSwapRefiner(Refiner):
         self.step = len(self.records)
 
     def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
-                polish: bool = True) -> tuple:
+                polish: bool = True) -> Prepared:
         """The bulk plan with what ``budget`` does not need given back (once
         per budget), then the usual finish step (:meth:`Refiner.prepare`,
         without exchange moves: the bulk plan has no descent to draw them
@@ -434,6 +434,23 @@ class _BulkSwapRefiner(Refiner):
                 self._relaxed[budget] = dataclasses.replace(snap, timeline=tl, records=records)
             snap = self._relaxed[budget]
         return super().prepare(snap, budget, undo, exchange=False, polish=polish)
+
+
+class _Candidate(NamedTuple):
+    """A prepared plan the solver may lower: its estimated added time (s),
+    the index of its descent in the solve's list, the plan, and a tag added
+    to the descent's name in ``extras["descent"]`` (``"+switch"``)."""
+    estimate: float
+    descent: int
+    prepared: Prepared
+    tag: str = ""
+
+
+class _Found(NamedTuple):
+    """A candidate lowered and simulated within the budget."""
+    plan: FinishedPlan
+    descent: int
+    tag: str
 
 
 @register_solver("libra")
@@ -805,28 +822,27 @@ class LibraSolver(Solver):
                 prepared = seen.get(key)
                 if prepared is None:
                     prepared = seen[key] = ref.prepare(snap, budget, exchange=False, polish=polish)
-                cands.append((prepared[0].added_s(), k, prepared))
+                cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
         if self.options.exchange and polish and cands:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
             # (the plans without them stay candidates: the estimate can drift from the simulation)
-            top = min(c[0] for c in cands)
-            for est, k, _ in list(cands):
+            top = min(c.estimate for c in cands)
+            for est, k, _, _ in list(cands):
                 if est <= top * (1 + self.EXCHANGE_SPAN):
                     prepared = refs[k].prepare(snaps[k], budget, exchange=True)
-                    if prepared[0].added_s() < est:
-                        cands.append((prepared[0].added_s(), k, prepared))
-        cands = [(est, k, prepared, "") for est, k, prepared in cands]
+                    if prepared.timeline.added_s() < est:
+                        cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
         best = self._cheapest(refs, snaps, cands, budget, met_only)
         if best is not None and self.options.switch and self.options.policy == "hybrid" and polish:
             # policy switches: only where a plan of the descents meets the budget (they change what a
             # plan costs, not which budgets are met: the tightening's stated minimum holds), and only a
             # switched plan cheaper than that plan once simulated replaces it
             found = self._cheapest(refs, snaps, self._switched(refs, cands, budget), budget, met_only,
-                                   below=best[0].simulation.added_s)
-            if found is not None and found[0].simulation.added_s < best[0].simulation.added_s:
+                                   below=best.plan.simulation.added_s)
+            if found is not None and found.plan.simulation.added_s < best.plan.simulation.added_s:
                 best = found
         if best is not None:
-            return self._raw(best[0], refs[best[1]].opts.policy + best[2])
+            return self._raw(best.plan, refs[best.descent].opts.policy + best.tag)
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
@@ -835,19 +851,20 @@ class LibraSolver(Solver):
                 return self._raw(plan, ref.opts.policy)
         # the end of a descent over the budget as it is can fit once the undo pass gives back the
         # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
+        last = None
         for ref in refs:
             final = ref.final()
             prepared = ref.prepare(final, budget, exchange=False, polish=False)
-            if prepared[0].peak()[0] <= budget:   # the passes that save time keep it within the budget
+            if prepared.timeline.peak()[0] <= budget:   # the passes that save time keep it within the budget
                 if polish:
                     prepared = ref.prepare(final, budget, exchange=False)
                 plan = ref.realize(prepared, final, budget)
-                if plan is not None and (best is None or plan.simulation.added_s < best[0].simulation.added_s):
-                    best = (plan, ref)
+                if plan is not None and (last is None or plan.simulation.added_s < last[0].simulation.added_s):
+                    last = (plan, ref)
                     if met_only:
                         break
-        if best is not None:
-            return self._raw(best[0], best[1].opts.policy)
+        if last is not None:
+            return self._raw(last[0], last[1].opts.policy)
         return None
 
     @staticmethod
@@ -865,29 +882,28 @@ class LibraSolver(Solver):
                 tuple(sorted(tl.t_until.items())), tuple(sorted(tl.w_early.items())))
 
     @staticmethod
-    def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[tuple], budget: int,
-                  met_only: bool, below: float = math.inf) -> tuple | None:
-        """Lower and simulate ``cands`` (``(estimate, descent, prepared, tag)``),
+    def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
+                  met_only: bool, below: float = math.inf) -> _Found | None:
+        """Lower and simulate ``cands``,
         cheapest estimate first, until one's estimate is no better than the
         cheapest simulated plan within ``budget`` or than ``below`` (seconds)
         (and is not pessimistic); with ``met_only``, until one is within it.
-        ``(plan, descent, tag)`` of the cheapest simulated plan, or ``None``."""
+        The cheapest simulated plan, or ``None``."""
         best = None
-        for est, k, prepared, tag in sorted(cands, key=lambda c: c[:2]):
-            top = min(below, best[0].simulation.added_s) if best is not None else below
-            if (best is not None and met_only) or (est >= top and not prepared[0].swap.pessimistic):
+        for est, k, prepared, tag in sorted(cands, key=lambda c: (c.estimate, c.descent)):
+            top = min(below, best.plan.simulation.added_s) if best is not None else below
+            if (best is not None and met_only) or (est >= top and not prepared.timeline.swap.pessimistic):
                 break   # its estimate is not pessimistic and already no better than a simulated plan
             plan = refs[k].realize(prepared, snaps[k], budget)
             if plan is None:
                 continue
-            if best is None or plan.simulation.added_s < best[0].simulation.added_s:
-                best = (plan, k, tag)
+            if best is None or plan.simulation.added_s < best.plan.simulation.added_s:
+                best = _Found(plan, k, tag)
         return best
 
-    def _switched(self, refs: list[Refiner], cands: list[tuple], budget: int) -> list[tuple]:
+    def _switched(self, refs: list[Refiner], cands: list[_Candidate], budget: int) -> list[_Candidate]:
         """Policy switches (:func:`~libra_opt.solvers.libra.switch.switch_policies`)
-        on the cheapest estimated plan of each descent among ``cands``
-        (``(estimate, descent, prepared, tag)``), at most
+        on the cheapest estimated plan of each descent among ``cands``, at most
         :attr:`SWITCH_PLANS` of them, those with the fewest swaps first (the
         switches gain most where the copy queues are idle, and cost least:
         a swap moved re-replays the chains that read other swaps); a plan
@@ -897,20 +913,20 @@ class LibraSolver(Solver):
         estimated cheaper than the descents' simulated plan)."""
         first: dict[int, tuple] = {}
         shared: set[int] = set()   # prepared plans two descents share (_state_key): switched once
-        for c in sorted(cands, key=lambda c: c[:2]):
-            if c[1] not in first and id(c[2]) not in shared:
-                first[c[1]] = c
-                shared.add(id(c[2]))
-        plans = [(int((c[2][0].pol == SWAP).sum()), c) for c in first.values()]
-        plans.sort(key=lambda x: (x[0], x[1][:2]))
+        for c in sorted(cands, key=lambda c: (c.estimate, c.descent)):
+            if c.descent not in first and id(c.prepared) not in shared:
+                first[c.descent] = c
+                shared.add(id(c.prepared))
+        plans = [(int((c.prepared.timeline.pol == SWAP).sum()), c) for c in first.values()]
+        plans.sort(key=lambda x: (x[0], x[1].estimate, x[1].descent))
         out, cheapest = [], math.inf
         for swaps, (est, k, prepared, _) in plans[:self.SWITCH_PLANS]:
             if swaps and est > cheapest * (1 + self.SWITCH_SPAN):
                 continue
-            tl, records, taken = switch_policies(refs[k], prepared[0], prepared[1], budget)
+            tl, records, taken = switch_policies(refs[k], prepared.timeline, prepared.records, budget)
             cheapest = min(cheapest, est)
             if taken:
-                out.append((tl.added_s(), k, (tl, records, prepared[2]), "+switch"))
+                out.append(_Candidate(tl.added_s(), k, Prepared(tl, records, prepared.undone), "+switch"))
                 cheapest = min(cheapest, tl.added_s())
         return out
 

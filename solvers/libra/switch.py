@@ -47,6 +47,7 @@ decision set); the copy-queue model is :mod:`libra_opt.solvers.libra.swaps`.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from libra_opt.ir.units import format_seconds
 from libra_opt.passes.lowering import Policy
@@ -66,6 +67,14 @@ MAX_REC_TRIES = 48
 #: relative saving a switch must bring to be taken
 MIN_GAIN = 1e-9
 
+
+
+@dataclass(slots=True)
+class _Switched:
+    """The plan as the switches taken so far left it."""
+    tl: Timeline       # the switched timeline (a copy once a switch is taken)
+    records: dict      # window id -> Decision
+    taken: int = 0     # switches taken
 
 
 def _switchable(tl: Timeline, j: int, policy: int) -> bool:
@@ -151,34 +160,34 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
     """
     if not records or not tl.overlap or int(tl.memory().max()) > budget:
         return tl, records, 0
-    state = {"tl": tl, "records": dict(records), "taken": 0}
+    state = _Switched(tl, dict(records))
     switched: set[int] = set()   # windows this pass moved: never moved back
     tried: set[int] = set()      # recomputed windows already scored for a swap
 
     def take(j: int, policy: int, eff) -> None:
-        new = state["tl"].copy()
+        new = state.tl.copy()
         before = new.added_s()
         new.apply(j, policy, eff)
         if int(new.memory().max()) > budget:   # after the swap layer's refresh: not taken
             return
-        _record(state["records"], j, policy, eff, before - new.added_s())
-        state["tl"] = new
+        _record(state.records, j, policy, eff, before - new.added_s())
+        state.tl = new
         switched.add(j)
-        state["taken"] += 1
+        state.taken += 1
 
     for _ in range(MAX_ROUNDS):
-        taken = state["taken"]
+        taken = state.taken
         # swap -> recompute: first improvement, most stall first
-        for j in _swap_order(ref, state["tl"], state["records"]):
+        for j in _swap_order(ref, state.tl, state.records):
             if j not in switched:
-                eff = _score(state["tl"], j, REC, budget)
+                eff = _score(state.tl, j, REC, budget)
                 if eff is not None:
                     take(j, REC, eff)
         # recompute -> swap: score a batch, then take the largest savings first (each scored again on
         # the timeline as it is by then: every swap taken uses copy-queue time the next may need)
-        work = state["tl"]
+        work = state.tl
         batch = []
-        order = _rec_order(work, state["records"], tried | switched)
+        order = _rec_order(work, state.records, tried | switched)
         batch_left = len(order) == MAX_REC_TRIES   # more recomputed windows than one batch: the next round tries them
         for j in order:
             tried.add(j)
@@ -186,20 +195,20 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
             if eff is not None:
                 batch.append((eff.cost_s, j, eff, work))
         for _, j, eff, scored_on in sorted(batch, key=lambda b: b[:2]):
-            work = state["tl"]
+            work = state.tl
             if work is not scored_on:
                 eff = _score(work, j, SWAP, budget)
             if eff is not None and _switchable(work, j, SWAP):
                 take(j, SWAP, eff)
-        if state["taken"] == taken and not batch_left:
+        if state.taken == taken and not batch_left:
             break
-    t2, r2 = state["tl"], state["records"]
-    if not state["taken"]:
+    t2, r2 = state.tl, state.records
+    if not state.taken:
         return tl, records, 0
     undo_pass(t2, r2, budget)
     if not t2.added_s() < tl.added_s() or int(t2.memory().max()) > budget:
         return tl, records, 0
-    return t2, r2, state["taken"]
+    return t2, r2, state.taken
 
 
 __all__ = ["switch_policies", "REASON_POLICY_SWITCH", "MAX_ROUNDS", "MAX_SWAP_TRIES", "MAX_REC_TRIES"]

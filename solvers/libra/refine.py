@@ -1,10 +1,12 @@
 """The greedy refinement behind the ``libra`` solver: one resumable descent
-per problem and policy, and its snapshots.  The finish step (undo pass,
-segment-wise regeneration, retention, lowering, simulation, repair) is
-:mod:`libra_opt.solvers.libra_finish`.
+per problem and policy (:class:`Refiner`), and its snapshots.  The finish
+step (undo pass, segment-wise regeneration, retention, lowering, simulation,
+repair) is :mod:`libra_opt.solvers.libra.finish`, composed around a descent
+(:class:`~libra_opt.solvers.libra.finish.Finisher` takes it as its
+evaluator); the records they share are :mod:`libra_opt.solvers.libra.records`.
 
-See :mod:`libra_opt.solvers.libra` for the algorithm; the incremental model it
-scores moves with is :mod:`libra_opt.solvers.libra_estimate`.
+See :mod:`libra_opt.solvers.libra.solver` for the algorithm; the incremental
+model it scores moves with is :mod:`libra_opt.solvers.libra.estimate`.
 
 Source: Libra (Wang, NTHU 2024), greedy refinement from the profiled peak;
 Chen et al., "Training Deep Nets with Sublinear Memory Cost" (2016), sec. 4.1,
@@ -153,6 +155,9 @@ class Refiner:
         return self.busy_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
 
     def _descend(self, budgets: Sequence[int], to_end: bool) -> dict[int, Snapshot]:
+        """:meth:`descend` without its clock: one move per step at the current
+        peak (:meth:`_select`, :meth:`_commit`) until every budget is met, no
+        move is left or a step or time limit is reached."""
         tl = self.tl
         pending = sorted(set(int(b) for b in budgets), reverse=True)
         out: dict[int, Snapshot] = {}
@@ -185,6 +190,8 @@ class Refiner:
         return self._final
 
     def _snapshot(self, peak: int) -> Snapshot:
+        """The descent's state now, its estimated peak ``peak`` (bytes), as a
+        :class:`~libra_opt.solvers.libra.records.Snapshot` (copies)."""
         return Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
                          self.cut_short, self.costs.copy(), self.evals)
 
@@ -471,7 +478,7 @@ class Refiner:
         """Recomputation variant of kept window ``j`` for when its chain (``e``)
         regenerates inputs of the storage's producer that were freed after
         their last use (not evicted): keep those inputs resident until the
-        chain instead (:class:`~libra_opt.lowering.Retain`, Checkmate's S
+        chain instead (:class:`~libra_opt.passes.lowering.Retain`, Checkmate's S
         holding a value across stages), which cuts the chain short.  Taken
         where it costs less than the plain recomputation and the memory the
         inputs hold, less the storage's bytes, stays under ``limit``."""

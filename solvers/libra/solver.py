@@ -6,8 +6,8 @@ the eager (keep-everything) plan greedily from its profiled peak:
 
 1. **Peak memory profiling.**  From the memory timeline, find the peak and
    the activations live across it that are not in use at that moment (the
-   candidates: storage windows from :func:`~libra_opt.lowering.default_windows`,
-   or every gap between uses, :func:`~libra_opt.lowering.all_windows`, on a
+   candidates: storage windows from :func:`~libra_opt.passes.lowering.default_windows`,
+   or every gap between uses, :func:`~libra_opt.passes.lowering.all_windows`, on a
    single-phase graph).
 2. **Memory-reduction estimation.**  For each candidate and policy, the bytes
    it removes at the peak and the time it adds: recomputation costs its
@@ -15,7 +15,7 @@ the eager (keep-everything) plan greedily from its profiled peak:
    chain*, with the memory that chain occupies when it runs); swapping costs
    the part of the transfer that does not hide behind the compute between
    swap-out and use, at the device's measured bandwidth, with the copy
-   queues' contention (:mod:`libra_opt.solvers.libra_estimate`).
+   queues' contention (:mod:`libra_opt.solvers.libra.estimate`).
 3. **Greedy refinement.**  Take the candidate with the most bytes removed at
    the peak per added second.  Recomputation is the first choice; a swap is
    taken where recomputing (or its chain) would push another point of the
@@ -24,7 +24,7 @@ the eager (keep-everything) plan greedily from its profiled peak:
    the current peak, so the peak never rises and one descent passes every
    budget on the way down.  The timeline is updated incrementally.
 4. **Finish.**  A final pass undoes decisions the budget no longer needs
-   (most expensive first); the plan is lowered (:func:`~libra_opt.lowering.lower`)
+   (most expensive first); the plan is lowered (:func:`~libra_opt.passes.lowering.lower`)
    and simulated; if the simulated peak is still over budget, refinement
    continues against the simulated timeline.
 
@@ -35,13 +35,19 @@ solves, but for one thing: a plan for a lower budget fits every higher one,
 so the sweep returns, for each budget, the cheapest plan found for it or any
 lower budget (monotone in cost).
 
-Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent and its
-snapshots), :mod:`~libra_opt.solvers.libra_finish` (undo pass, segment-wise
+Modules: :mod:`~libra_opt.solvers.libra.refine` (the descent and its
+snapshots), :mod:`~libra_opt.solvers.libra.finish` (undo pass, segment-wise
 regeneration, retention, lowering, simulation, repair),
-:mod:`~libra_opt.solvers.libra_estimate` (the incremental timeline; with
-:mod:`~libra_opt.solvers.libra_chains`, :mod:`~libra_opt.solvers.libra_swaps`
-and :mod:`~libra_opt.solvers.libra_reshape`),
-:mod:`~libra_opt.solvers.libra_explain` (decision records).
+:mod:`~libra_opt.solvers.libra.estimate` (the incremental timeline; with
+:mod:`~libra_opt.solvers.libra.chains`, :mod:`~libra_opt.solvers.libra.swaps`
+and :mod:`~libra_opt.solvers.libra.reshape`),
+:mod:`~libra_opt.solvers.libra.explain` (decision records),
+:mod:`~libra_opt.solvers.libra.records` (the records the parts share: moves,
+snapshots, prepared and finished plans, the descent's interface),
+:mod:`~libra_opt.solvers.libra.tidy` (the estimate-only passes over a
+prepared plan), :mod:`~libra_opt.solvers.libra.exchange` (exchange moves) and
+:mod:`~libra_opt.solvers.libra.switch` (policy switches).  The finish step is
+composed around a descent (``Finisher(refiner)``), not inherited.
 
 Beyond the thesis: a swap-in may be delayed past the peak it must cover
 (paying a stall); where a chain regenerates an evicted storage before its own
@@ -66,7 +72,7 @@ back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-on
 ``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
 budget (on problems of up to 1,000 nodes; on larger ones where no descent
 meets the budget).  After the undo pass, *exchange moves*
-(:mod:`~libra_opt.solvers.libra_exchange`) give back one of the most
+(:mod:`~libra_opt.solvers.libra.exchange`) give back one of the most
 expensive decisions and cover the budget again with cheaper ones (several
 small recomputes instead of one large one), and a recomputation whose chain
 regenerates another evicted storage may end that storage's window there
@@ -172,8 +178,8 @@ class LibraOptions:
         within ``LibraSolver.SWAP_WAIT_SHARE`` of the other descents' time).  ``True`` / ``False``: every descent does / none does.
     windows : {"auto", "default", "all"}
         Candidate eviction windows: ``"default"`` one per storage
-        (:func:`~libra_opt.lowering.default_windows`), ``"all"`` every gap
-        between uses (:func:`~libra_opt.lowering.all_windows`); ``"auto"``
+        (:func:`~libra_opt.passes.lowering.default_windows`), ``"all"`` every gap
+        between uses (:func:`~libra_opt.passes.lowering.all_windows`); ``"auto"``
         picks ``"all"`` for single-phase graphs and ``"default"`` otherwise.
     undo : bool
         Run the final pass that undoes decisions the budget does not need.
@@ -189,11 +195,11 @@ class LibraOptions:
     retain : bool
         Run the pass that keeps a tensor resident after its last use until a
         recomputation chain that would otherwise regenerate it
-        (:class:`~libra_opt.lowering.Retain`), where the budget allows and
+        (:class:`~libra_opt.passes.lowering.Retain`), where the budget allows and
         it saves time.  Matters most on single-phase graphs.
     exchange : bool
         After the undo pass, try exchange moves
-        (:mod:`~libra_opt.solvers.libra_exchange`): give back one of the
+        (:mod:`~libra_opt.solvers.libra.exchange`): give back one of the
         most expensive decisions, forbid it, and cover the budget again with
         the descent's moves; kept where the estimated added time goes down
         (several cheaper evictions instead of one costly one).
@@ -211,7 +217,7 @@ class LibraOptions:
         During the descent, score a recomputation whose chain would
         regenerate inputs of the producer freed after their last use also
         with those inputs kept resident until the chain (a
-        :class:`~libra_opt.lowering.Retain`), taken where that is cheaper
+        :class:`~libra_opt.passes.lowering.Retain`), taken where that is cheaper
         and fits under the peak (the ``retain`` pass does this only after
         the descent, so the descent would not see the cheaper option).
         Only with ``retain``: ``retain=False`` plans no retention at all.
@@ -370,12 +376,12 @@ class _BulkSwapRefiner(Refiner):
     """The bulk move of swap-only mode (a portfolio member on problems of at
     most ``LibraSolver.POOL_MAX_NODES`` nodes, elsewhere a fallback where
     the descents stop above a budget) and of hybrid mode (a fallback): not a
-    descent but one move (:meth:`~libra_opt.solvers.libra_swaps.SwapPlanner.swap_bulk`):
+    descent but one move (:meth:`~libra_opt.solvers.libra.estimate.Timeline.swap_bulk`):
     every window swapped at once, each waiting for its copy out right after
     its window opens and swapped in right before its use, the least memory
     swapping can hold (down to the memory floor where every storage is
     swappable); then, per budget, what the budget does not need is given
-    back (:meth:`~libra_opt.solvers.libra_swaps.SwapPlanner.relax_swaps`)
+    back (:meth:`~libra_opt.solvers.libra.estimate.Timeline.relax_swaps`)
     before the usual finish step.
 
     Why: where the device-to-host link is slower than the forward pass and
@@ -392,6 +398,8 @@ class _BulkSwapRefiner(Refiner):
         self._relaxed: dict[int, Snapshot] = {}   # budget -> the bulk plan relaxed for it
 
     def _descend(self, budgets, to_end):
+        """The bulk move on the first call (unless the time or step limit
+        rules it out), then snapshots as a descent takes them."""
         if not self._built:
             # taken unless ``time_limit_s`` is spent (as a descent checks before each step) or ``max_steps``
             # is under the decisions it makes (one per window)
@@ -405,6 +413,8 @@ class _BulkSwapRefiner(Refiner):
         return super()._descend(budgets, to_end)
 
     def _build(self) -> None:
+        """Every enabled window swapped at once (``Timeline.swap_bulk``), one
+        decision record per swap."""
         tl, problem = self.tl, self.problem
         tl.swap_bulk(np.flatnonzero(self.enabled))
         peak, pos = tl.peak()
@@ -460,8 +470,8 @@ class LibraSolver(Solver):
     See :mod:`libra_opt.solvers.libra` for the algorithm and
     :class:`LibraOptions` for the options.  ``SolveResult.extras`` holds
     ``decisions`` (one dict per eviction, with why:
-    :class:`~libra_opt.solvers.libra_explain.Decision`), ``estimated_peak_bytes``,
-    ``retained`` (one dict per :class:`~libra_opt.lowering.Retain`: tensor,
+    :class:`~libra_opt.solvers.libra.explain.Decision`), ``estimated_peak_bytes``,
+    ``retained`` (one dict per :class:`~libra_opt.passes.lowering.Retain`: tensor,
     name, until, nbytes), ``estimated_added_s``, ``steps``, ``undone``,
     ``repairs`` and ``policy``.
 

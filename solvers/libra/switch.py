@@ -165,6 +165,8 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
     tried: set[int] = set()      # recomputed windows already scored for a swap
 
     def take(j: int, policy: int, eff) -> None:
+        """Move window ``j`` to ``policy`` on a copy of the plan, kept where the
+        estimated peak stays within the budget."""
         new = state.tl.copy()
         before = new.added_s()
         new.apply(j, policy, eff)

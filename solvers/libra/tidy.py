@@ -65,7 +65,9 @@ def undo_pass(tl: Timeline, records: dict, budget: int) -> int:
 def fix_shrunk(tl: Timeline, records: dict, orig_b: np.ndarray) -> None:
     """A window that ends where a chain regenerates its storage keeps that
     end only while the chain still does; otherwise it gets its own window
-    back (the storage is then recomputed at its own use)."""
+    back (the storage is then recomputed at its own use).  ``orig_b``:
+    ``(windows,)`` int64, each window's own end (the descent's
+    ``orig_b``); ``tl`` and ``records`` are changed in place."""
     for _ in range(4):
         broken = []
         for j in np.flatnonzero((tl.w_b != orig_b) & (tl.pol == REC)).tolist():
@@ -169,8 +171,10 @@ def early_shift(problem: RematProblem, orig_b: np.ndarray, tl: Timeline, records
     kept (Checkmate's R regenerating a value at any stage before its use
     while S frees its inputs sooner).  Problems of at most
     :data:`EARLY_SHIFT_MAX_NODES` nodes; at most
-    :data:`EARLY_SHIFT_MAX_TRIES` positions per plan.  Returns the
-    timeline and records (new objects where a shift was taken)."""
+    :data:`EARLY_SHIFT_MAX_TRIES` positions per plan.  ``orig_b``:
+    ``(windows,)`` int64, each window's own end; ``budget`` in bytes.
+    Returns the timeline and records (new objects where a shift was taken;
+    ``tl`` and ``records`` themselves otherwise, unchanged)."""
     if problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.t_until or len(records) < 2:
         return tl, records   # a shift gains through the undo pass: another decision to give back
     tries = 0

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from typing import NamedTuple
 
 import numpy as np
 
@@ -57,7 +58,7 @@ from libra_opt.passes.lowering import Policy
 
 from .estimate import KEEP, REC, Timeline
 from .explain import REASON_EXCHANGE, explain
-from .records import Evaluator, OptionCosts, fresh_timeline
+from .records import Evaluator, Move, OptionCosts, fresh_timeline
 from .tidy import fix_shrunk, keep_regenerated, undo_pass
 
 #: decisions (most expensive first) tried for an exchange per round
@@ -91,6 +92,20 @@ _COVERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 #: relative saving an exchange must bring to be kept
 MIN_GAIN = 1e-9
+
+
+class _Closer(NamedTuple):
+    """A move that alone takes the peak down to the budget (finish first)."""
+    cost_s: float   # its added time (s): bytes removed over its score
+    window: int
+    move: Move
+
+
+class _Result(NamedTuple):
+    """A plan a local descent or an exchange reached."""
+    timeline: Timeline
+    records: dict
+    window: int     # the window taken (finish first) or given back (exchange)
 
 
 def _ranked(ref: Evaluator, costs: OptionCosts, tl: Timeline, p: int, banned: set) -> list[int]:
@@ -143,15 +158,15 @@ def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: di
             if best is None or mv.score > best.score:
                 best = mv
             if finish_first and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
-                fins.append((mv.removed / mv.score, j, mv))
+                fins.append(_Closer(mv.removed / mv.score, j, mv))
         if fins:
             tries = []
-            for _, j, mv in sorted(fins, key=lambda f: f[:2])[:MAX_FINISHERS]:
+            for _, j, mv in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]:
                 t2, r2 = tl.copy(), dict(records)
                 ref.commit(mv, p, peak, t2, r2, REASON_EXCHANGE)
                 _undo(ref, t2, r2, budget)
-                tries.append((t2.added_s(), j, t2, r2))
-            _, _, tl, records = min(tries, key=lambda t: t[:2])
+                tries.append(_Result(t2, r2, j))
+            tl, records, _ = min(tries, key=lambda t: (t.timeline.added_s(), t.window))
             continue
         if best is None:
             return None
@@ -360,12 +375,13 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
                         keep_regenerated(t3, dict(records), budget)
                         kept_cost = min(cost, t3.added_s())
                     limit = kept_cost
-                if t2.added_s() < limit * (1 - MIN_GAIN) and (found is None or t2.added_s() < found[0].added_s()):
-                    found = (t2, r2, j)
+                if t2.added_s() < limit * (1 - MIN_GAIN) and (
+                        found is None or t2.added_s() < found.timeline.added_s()):
+                    found = _Result(t2, r2, j)
         if found is None:
             break
-        tl, records = found[0], found[1]
-        banned.add(found[2])
+        tl, records = found.timeline, found.records
+        banned.add(found.window)
         kept += 1
     if ref.problem.num_nodes <= COVER_MAX_NODES and records:
         cov = _cover_plan(ref, costs, budget)

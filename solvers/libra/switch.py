@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from libra_opt.ir.units import format_seconds
 from libra_opt.passes.lowering import Policy
@@ -75,6 +76,14 @@ class _Switched:
     tl: Timeline       # the switched timeline (a copy once a switch is taken)
     records: dict      # window id -> Decision
     taken: int = 0     # switches taken
+
+
+class _Scored(NamedTuple):
+    """A recomputed window scored for a switch to a swap."""
+    cost_s: float       # the change of the plan's estimated added time (s, < 0)
+    window: int
+    eff: object         # Timeline.evaluate's effect
+    scored_on: Timeline  # the timeline it was scored on
 
 
 def _switchable(tl: Timeline, j: int, policy: int) -> bool:
@@ -195,8 +204,8 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
             tried.add(j)
             eff = _score(work, j, SWAP, budget)
             if eff is not None:
-                batch.append((eff.cost_s, j, eff, work))
-        for _, j, eff, scored_on in sorted(batch, key=lambda b: b[:2]):
+                batch.append(_Scored(eff.cost_s, j, eff, work))
+        for _, j, eff, scored_on in sorted(batch, key=lambda b: (b.cost_s, b.window)):
             work = state.tl
             if work is not scored_on:
                 eff = _score(work, j, SWAP, budget)

@@ -454,11 +454,11 @@ def test_a_trial_taken_back_restores_the_chains_a_replay_gives():
     replaying (``replay=False``) leaves the chains, the memory and the added time as they were,
     each chain equal to a fresh replay; nested recordings pass what they saw to the outer one."""
     from libra_opt.frontend import generators as G
-    from libra_opt.solvers.libra.refine import _Refiner
+    from libra_opt.solvers.libra.refine import Refiner
     from libra_opt.solvers.libra.solver import LibraOptions
 
     p = G.random_layered_graph(40, seed=1)
-    ref = _Refiner(p, LibraOptions(policy="recompute", retain_inputs=False))
+    ref = Refiner(p, LibraOptions(policy="recompute", retain_inputs=False))
     ref.descend([int(0.7 * int(ref.tl.memory().max()))])
     tl = ref.tl
     cands = [(q, t) for q, ch in sorted(tl.chains.items()) if ch is not None for t in ch.made

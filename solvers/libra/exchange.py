@@ -18,7 +18,7 @@ few are each taken and followed by the undo pass, and the cheapest result is
 kept; and a third time with every other recomputed window given its own end
 back first (a window ended at a chain that regenerated the storage given back
 would lose it), then, after the undo pass, regenerated storages kept from the
-first chain after which they fit (``Finisher._keep_regenerated``), compared
+first chain after which they fit (``tidy.keep_regenerated``), compared
 with the plan as that pass would leave it: where the descent evicted the root
 of a chain, keeping the root through the peak lets the chain start there.
 After the exchanges, on problems of at most :data:`COVER_MAX_NODES` nodes, a
@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 import numpy as np
 
@@ -58,9 +58,8 @@ from libra_opt.passes.lowering import Policy
 
 from .estimate import KEEP, REC, Timeline
 from .explain import REASON_EXCHANGE, explain
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .refine import _Refiner
+from .records import Evaluator, Move, OptionCosts, fresh_timeline
+from .tidy import fix_shrunk, keep_regenerated, undo_pass
 
 #: decisions (most expensive first) tried for an exchange per round
 MAX_TRIES = 3
@@ -95,57 +94,48 @@ _COVERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 MIN_GAIN = 1e-9
 
 
-def undo_pass(tl: Timeline, records: dict, budget: int) -> int:
-    """Undo, most expensive first, every decision in ``records`` the budget
-    does not need (the estimated memory stays within ``budget`` bytes
-    without it); ``tl`` and ``records`` are changed in place.  Returns how
-    many were undone."""
-    undone = 0
-    mem = tl.memory()
-    for j in sorted(records, key=lambda k: (-records[k].added_s, -records[k].step)):
-        # quick test first: the storage back over its whole off range must fit
-        if tl.pol[j] == REC:
-            lo, hi = int(tl.w_a[j]) + 1, int(tl.w_b[j]) - 1
-        else:
-            lo, hi = int(tl.sw_r0[j]), int(tl.sw_pos[j])
-        if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.w_bytes[j]) > budget:
-            continue
-        eff = tl.evaluate(j, KEEP)
-        if eff.feasible and eff.raised_max <= budget:
-            tl.apply(j, KEEP, eff)
-            del records[j]
-            undone += 1
-            mem = tl.memory()
-    return undone
+class _Closer(NamedTuple):
+    """A move that alone takes the peak down to the budget (finish first)."""
+    cost_s: float   # its added time (s): bytes removed over its score
+    window: int
+    move: Move
 
 
-def _ranked(ref: "_Refiner", tl: Timeline, p: int, banned: set) -> list[int]:
+class _Result(NamedTuple):
+    """A plan a local descent or an exchange reached."""
+    timeline: Timeline
+    records: dict
+    window: int     # the window taken (finish first) or given back (exchange)
+
+
+def _ranked(ref: Evaluator, costs: OptionCosts, tl: Timeline, p: int, banned: set) -> list[int]:
     """The candidates at position ``p`` not in ``banned``, best first by bytes
-    over the refiner's cached cost bound (its cheapest option), at most
+    over the cached cost bound in ``costs`` (the cheapest option), at most
     :data:`EVALS_PER_STEP` of them."""
     idx = np.array([j for j in ref.candidates(tl, p).tolist() if j not in banned], dtype=np.int64)
     if not len(idx):
         return []
-    bound = np.maximum(ref.cost[idx].min(axis=1), ref.eps)
+    bound = np.maximum(costs.cost[idx].min(axis=1), ref.eps)
     key = np.where(np.isfinite(bound), tl.w_bytes[idx] / bound, 0.0)
     order = np.lexsort((idx, -key))[:EVALS_PER_STEP]
     return idx[order].tolist()
 
 
-def _undo(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> None:
-    """:func:`undo_pass`, then windows whose end was moved to a chain that no
-    longer regenerates their storage get their own end back (the refiner's
-    ``_fix_shrunk``), so that ``tl.added_s()`` is the plan's cost."""
+def _undo(ref: Evaluator, tl: Timeline, records: dict, budget: int) -> None:
+    """:func:`~libra_opt.solvers.libra.tidy.undo_pass`, then windows whose end
+    was moved to a chain that no longer regenerates their storage get their
+    own end back (:func:`~libra_opt.solvers.libra.tidy.fix_shrunk`), so that
+    ``tl.added_s()`` is the plan's cost."""
     undo_pass(tl, records, budget)
-    ref._fix_shrunk(tl, records)
+    fix_shrunk(tl, records, ref.orig_b)
 
 
-def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, banned: set,
+def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, budget: int, banned: set,
                    finish_first: bool = False, max_evals: int | None = None) -> tuple[Timeline, dict] | None:
     """Greedy steps from ``tl`` (changed in place) until its estimated peak is
     within ``budget``: at the peak, the candidate (not in ``banned``) with the
     best bytes removed per added second whose raised points stay under the
-    peak.  With ``finish_first``, where candidates alone take the peak down
+    peak (options ordered by ``costs``).  With ``finish_first``, where candidates alone take the peak down
     to the budget (the budget is a knapsack-cover constraint: the best ratio
     can overshoot it), the :data:`MAX_FINISHERS` cheapest of them are each
     taken on a copy followed by the undo pass, and the cheapest result kept.
@@ -161,30 +151,30 @@ def _descend_local(ref: "_Refiner", tl: Timeline, records: dict, budget: int, ba
         if peak <= budget:
             return tl, records
         best, fins = None, []
-        for j in _ranked(ref, tl, p, banned):
-            mv = ref._evaluate(tl, j, p, peak, limit=peak)
+        for j in _ranked(ref, costs, tl, p, banned):
+            mv = ref.evaluate(tl, j, p, peak, peak, costs)
             if mv is None:
                 continue
             if best is None or mv.score > best.score:
                 best = mv
             if finish_first and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
-                fins.append((mv.removed / mv.score, j, mv))
+                fins.append(_Closer(mv.removed / mv.score, j, mv))
         if fins:
             tries = []
-            for _, j, mv in sorted(fins, key=lambda f: f[:2])[:MAX_FINISHERS]:
+            for _, j, mv in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]:
                 t2, r2 = tl.copy(), dict(records)
-                ref._commit(mv, p, peak, t2, r2, REASON_EXCHANGE)
+                ref.commit(mv, p, peak, t2, r2, REASON_EXCHANGE)
                 _undo(ref, t2, r2, budget)
-                tries.append((t2.added_s(), j, t2, r2))
-            _, _, tl, records = min(tries, key=lambda t: t[:2])
+                tries.append(_Result(t2, r2, j))
+            tl, records, _ = min(tries, key=lambda t: (t.timeline.added_s(), t.window))
             continue
         if best is None:
             return None
-        ref._commit(best, p, peak, tl, records, REASON_EXCHANGE)
+        ref.commit(best, p, peak, tl, records, REASON_EXCHANGE)
     return (tl, records) if int(tl.memory().max()) <= budget else None
 
 
-def _reset_ends(ref: "_Refiner", tl: Timeline, records: dict) -> None:
+def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> None:
     """Every recomputed window in ``records`` whose end was moved to a chain
     gets its own end back (a use of its storage)."""
     for j in list(records):
@@ -196,7 +186,7 @@ def _reset_ends(ref: "_Refiner", tl: Timeline, records: dict) -> None:
             records[j] = dataclasses.replace(records[j], before=b)
 
 
-def _cover_windows(ref: "_Refiner", budget: int, chained: bool = True) -> list[int] | None:
+def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[int] | None:
     """The cheapest set of recomputed windows that covers ``budget`` under an
     additive model (window ids, largest first): a covering integer program
     (minimise the producers' recompute time subject to, at every position
@@ -211,9 +201,7 @@ def _cover_windows(ref: "_Refiner", budget: int, chained: bool = True) -> list[i
     each finds the better plan on some graphs (``_cover_plan`` tries both)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    from .refine import _fresh_timeline
-
-    tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
+    tl = fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
     mem = tl.memory()
     over = np.flatnonzero(mem > budget)
     if not len(over):
@@ -284,7 +272,7 @@ def _chained_pairs(tl: Timeline, cols: np.ndarray) -> list[tuple[int, int]]:
     return pairs
 
 
-def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
+def _cover_plan(ref: Evaluator, costs: OptionCosts, budget: int) -> tuple[Timeline, dict] | None:
     """:func:`_cover_windows` (solved once per problem, window mode, margin
     and budget: the descents of a solve share it) applied to a
     keep-everything timeline, then the local descent where its model missed
@@ -292,30 +280,29 @@ def _cover_plan(ref: "_Refiner", budget: int) -> tuple[Timeline, dict] | None:
     pass; ``None`` where the program has no solution or the plan does not
     get within ``budget``.  Both covering programs (additive, and with
     chained recomputes priced) are tried; the cheaper plan once regenerated
-    storages are kept (``_keep_regenerated``, done here) is returned."""
+    storages are kept (:func:`~libra_opt.solvers.libra.tidy.keep_regenerated`,
+    done here) is returned."""
     if not ref.allow_rec or ref.mode != "default":
         return None   # single-phase graphs ("all" windows): long chains, far from the additive model
     best = None
     for chained in (False, True):
-        plan = _covered(ref, budget, chained)
+        plan = _covered(ref, costs, budget, chained)
         if plan is not None:
-            ref._keep_regenerated(plan[0], plan[1], budget)   # compared as the finish will make them
+            keep_regenerated(plan[0], plan[1], budget)   # compared as the finish will make them
             if best is None or plan[0].added_s() < best[0].added_s() * (1 - MIN_GAIN):
                 best = plan
     return best
 
 
-def _covered(ref: "_Refiner", budget: int, chained: bool) -> tuple[Timeline, dict] | None:
+def _covered(ref: Evaluator, costs: OptionCosts, budget: int, chained: bool) -> tuple[Timeline, dict] | None:
     """One covering program's plan (:func:`_cover_plan`), or ``None``."""
-    from .refine import _fresh_timeline
-
     key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget), chained)
     per = _COVERS.setdefault(ref.problem, {})
     if key not in per:
         per[key] = _cover_windows(ref, budget, chained)
     if not per[key]:
         return None
-    tl = _fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
+    tl = fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
     records: dict = {}
     for j in per[key]:
         eff = tl.evaluate(j, REC)
@@ -329,7 +316,7 @@ def _covered(ref: "_Refiner", budget: int, chained: bool) -> tuple[Timeline, dic
                              peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory()[p]),
                              added_s=max(eff.cost_s, 0.0), recompute_s=max(eff.cost_s, 0.0), swap_s=None,
                              reason=REASON_EXCHANGE)
-    done = _descend_local(ref, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)
+    done = _descend_local(ref, costs, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)
     if done is None:
         return None
     tl, records = done
@@ -337,10 +324,13 @@ def _covered(ref: "_Refiner", budget: int, chained: bool) -> tuple[Timeline, dic
     return tl, records
 
 
-def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_evals: int = 0
+def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, budget: int, descent_evals: int = 0
              ) -> tuple[Timeline, dict, int]:
     """Exchange moves (module docstring) from the prepared timeline ``tl`` and
-    its decision ``records`` for ``budget`` bytes; neither is changed.  At
+    its decision ``records`` for ``budget`` bytes; neither is changed.
+    ``ref``: the descent (its evaluation of moves, window ends and options);
+    ``costs``: the option-cost caches of the snapshot ``tl`` comes from
+    (they order and skip options; read only).  At
     most ``max(MIN_EVALS, EVAL_RATIO * descent_evals)`` candidate evaluations
     (``descent_evals``: those the descent made to get there), so exchanges
     cost a bounded multiple of the descent.
@@ -372,32 +362,33 @@ def exchange(ref: "_Refiner", tl: Timeline, records: dict, budget: int, descent_
                 del r2[j]
                 if reset:
                     _reset_ends(ref, t2, r2)
-                done = _descend_local(ref, t2, r2, budget, banned | {j}, finish_first, stop)
+                done = _descend_local(ref, costs, t2, r2, budget, banned | {j}, finish_first, stop)
                 if done is None:
                     continue
                 t2, r2 = done
                 _undo(ref, t2, r2, budget)
                 limit = cost
                 if reset:   # compared with ``tl`` as the finish will make it: regenerated storages kept too
-                    ref._keep_regenerated(t2, r2, budget)
+                    keep_regenerated(t2, r2, budget)
                     if kept_cost is None:
                         t3 = tl.copy()
-                        ref._keep_regenerated(t3, dict(records), budget)
+                        keep_regenerated(t3, dict(records), budget)
                         kept_cost = min(cost, t3.added_s())
                     limit = kept_cost
-                if t2.added_s() < limit * (1 - MIN_GAIN) and (found is None or t2.added_s() < found[0].added_s()):
-                    found = (t2, r2, j)
+                if t2.added_s() < limit * (1 - MIN_GAIN) and (
+                        found is None or t2.added_s() < found.timeline.added_s()):
+                    found = _Result(t2, r2, j)
         if found is None:
             break
-        tl, records = found[0], found[1]
-        banned.add(found[2])
+        tl, records = found.timeline, found.records
+        banned.add(found.window)
         kept += 1
     if ref.problem.num_nodes <= COVER_MAX_NODES and records:
-        cov = _cover_plan(ref, budget)
+        cov = _cover_plan(ref, costs, budget)
         if cov is not None:
             t2, r2 = cov
             t3 = tl.copy()
-            ref._keep_regenerated(t3, dict(records), budget)
+            keep_regenerated(t3, dict(records), budget)
             if t2.added_s() < min(tl.added_s(), t3.added_s()) * (1 - MIN_GAIN):
                 tl, records = t2, r2
                 kept += 1

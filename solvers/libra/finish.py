@@ -8,286 +8,126 @@ budget to a simulated plan.
    evicted storage before its own use, keep it from there.
 3. **Retention**: where a chain regenerates a tensor freed after its last use,
    keep that tensor resident until the chain instead (Checkmate's S).
-4. **Realize**: lower (:func:`~libra_opt.lowering.lower`) and simulate; while
-   the simulated peak is over budget, repair against the simulated timeline.
+4. **Realize**: lower (:func:`~libra_opt.passes.lowering.lower`) and simulate;
+   while the simulated peak is over budget, repair against the simulated
+   timeline.
 
-The descent itself is :mod:`libra_opt.solvers.libra_refine`; the window-end and
-retention operations on the model are :mod:`libra_opt.solvers.libra_reshape`.
+:class:`Finisher` is composed around a descent's evaluator (the
+:class:`~libra_opt.solvers.libra.records.Evaluator` interface, which
+``refine.Refiner`` implements): it reads the descent's problem, options and
+window ends, and evaluates and commits repair moves through it, with the
+option-cost caches of the snapshot it finishes passed explicitly.  The
+descent itself is ``solvers/libra/refine.py``; the estimate-only passes (undo,
+segment-wise regeneration, retention, early shift) are
+``solvers/libra/tidy.py``; the window-end and retention operations on the
+model are ``solvers/libra/reshape.py``.
+
+Source: Libra (Wang, NTHU 2024), the final pass of the greedy refinement
+(undo, lower, simulate, refine again against the simulated timeline).
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-import numpy as np
-
-from libra_opt.passes.lowering import lower
 from libra_opt.ir.problem import RematProblem
 from libra_opt.ir.schedule import Op
+from libra_opt.passes.lowering import lower
 from libra_opt.passes.simulator import simulate
 
-from .estimate import KEEP, REC, Timeline
-from .exchange import exchange as exchange_moves, undo_pass
+from .estimate import Timeline
+from .exchange import exchange as exchange_moves
 from .explain import REASON_REPAIR
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .refine import _Move
+from .records import Evaluator, FinishedPlan, Move, OptionCosts, Prepared, Snapshot
+from .tidy import early_shift, fix_shrunk, keep_regenerated, retain_inputs, undo_pass
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Snapshot:
-    step: int
-    peak_bytes: int
-    elapsed_s: float
-    timeline: Timeline
-    records: dict
-    cut_short: bool = False
-    caches: tuple = ()    # the refiner's option-cost caches at this step (read by repairs)
-    evals: int = 0        # candidate evaluations the descent made up to this step (bounds exchange moves)
-
-
-@dataclass
-class _Plan:
-    schedule: object
-    simulation: object
-    timeline: Timeline
-    records: dict
-    undone: int
-    repairs: int
-    snapshot: _Snapshot
-
-
-#: the early shift (``Finisher._early_shift``) runs on problems of at most this many nodes
-EARLY_SHIFT_MAX_NODES = 64
-#: most chain positions the early shift tries per plan
-EARLY_SHIFT_MAX_TRIES = 32
-
-
 class Finisher:
-    """Mixin of :class:`~libra_opt.solvers.libra_refine._Refiner`: the finish
-    step (reads the refiner's ``problem``, ``opts``, ``orig_b``, option-cost
-    caches, ``_evaluate``, ``_commit``, ``candidates`` and ``final``)."""
+    """The finish step (module docstring) of one descent.
 
-    @contextlib.contextmanager
-    def _caches_of(self, snap: _Snapshot):
-        """Read the option-cost caches as they were at ``snap`` (repairs order
-        and skip options by them), so that a plan does not depend on how far
-        the descent went on for lower budgets: ``solve_many`` equals ``solve``."""
-        if not snap.caches:
-            yield
-            return
-        now = (self.cost, self.hid_lo, self.hid_hi)
-        self.cost, self.hid_lo, self.hid_hi = snap.caches
-        try:
-            yield
-        finally:
-            self.cost, self.hid_lo, self.hid_hi = now
+    Parameters
+    ----------
+    evaluator : Evaluator
+        The descent (``refine.Refiner``): its ``problem``, ``opts``,
+        ``orig_b``, ``allow_rec``, ``costs``, and ``candidates`` /
+        ``evaluate`` / ``commit`` for repairs and exchange moves.  Not
+        changed, but for its evaluation count (``evals``).
+    """
 
-    # ------------------------------------------------------------- finish
-    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
-                polish: bool = True) -> tuple[Timeline, dict, int]:
+    def __init__(self, evaluator: Evaluator):
+        self.ev = evaluator
+
+    def _costs(self, snap: Snapshot) -> OptionCosts:
+        """The option-cost caches as they were at ``snap`` (repairs and
+        exchange moves order and skip options by them), so that a plan does
+        not depend on how far the descent went on for lower budgets:
+        ``solve_many`` equals ``solve``.  The descent's live caches where the
+        snapshot has none."""
+        return snap.caches if snap.caches is not None else self.ev.costs
+
+    def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+                polish: bool = True) -> Prepared:
         """The snapshot's timeline after the undo pass: decisions the budget
-        does not need are undone, most expensive first (estimate only); then,
-        with ``exchange`` (``None``: the ``exchange`` option), exchange moves
-        (:mod:`~libra_opt.solvers.libra_exchange`).  ``polish=False`` leaves
-        out the passes that only save time within the budget (regenerated
-        storages kept, retained inputs, the early shift): for a caller that
-        only asks whether the budget is met, as each of them keeps the
-        estimated peak within it."""
+        (bytes) does not need are undone, most expensive first (estimate
+        only); then, with ``exchange`` (``None``: the ``exchange`` option),
+        exchange moves (``solvers/libra/exchange.py``).  ``polish=False``
+        leaves out the passes that only save time within the budget
+        (regenerated storages kept, retained inputs, the early shift): for a
+        caller that only asks whether the budget is met, as each of them
+        keeps the estimated peak within it.  The snapshot is not changed."""
+        ev, opts = self.ev, self.ev.opts
         tl = snap.timeline.copy()
         records = dict(snap.records)
         undone = 0
-        if self.opts.undo and undo:
+        if opts.undo and undo:
             undone = undo_pass(tl, records, budget)
-            if self.opts.exchange if exchange is None else exchange:
-                with self._caches_of(snap):   # as at the snapshot: solve_many equals solve
-                    tl, records, _ = exchange_moves(self, tl, records, budget, snap.evals)
+            if opts.exchange if exchange is None else exchange:
+                # as at the snapshot: solve_many equals solve
+                tl, records, _ = exchange_moves(ev, self._costs(snap), tl, records, budget, snap.evals)
             if polish:
-                self._keep_regenerated(tl, records, budget)
-        if self.opts.retain and self.allow_rec and polish:
-            self._retain_inputs(tl, budget)
-            if self.opts.undo and undo and self.opts.early:
-                tl, records = self._early_shift(tl, records, budget)
-        self._fix_shrunk(tl, records)
-        return tl, records, undone
+                keep_regenerated(tl, records, budget)
+        if opts.retain and ev.allow_rec and polish:
+            retain_inputs(tl, budget)
+            if opts.undo and undo and opts.early:
+                tl, records = early_shift(ev.problem, ev.orig_b, tl, records, budget)
+        fix_shrunk(tl, records, ev.orig_b)
+        return Prepared(tl, records, undone)
 
-    def _early_shift(self, tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict]:
-        """Regenerate early and keep the inputs together: for a recomputed
-        window whose chain keeps inputs of the storage's producer resident
-        until it (retentions), try the chain at each earlier position ``q``
-        inside the window, with those inputs kept only until ``q``, then the
-        undo pass; the cheapest such plan within ``budget`` (estimate) is
-        kept (Checkmate's R regenerating a value at any stage before its use
-        while S frees its inputs sooner).  Problems of at most
-        :data:`EARLY_SHIFT_MAX_NODES` nodes; at most
-        :data:`EARLY_SHIFT_MAX_TRIES` positions per plan.  Returns the
-        timeline and records (new objects where a shift was taken)."""
-        if self.problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.t_until or len(records) < 2:
-            return tl, records   # a shift gains through the undo pass: another decision to give back
-        tries = 0
-        for j in sorted(k for k in records if tl.pol[k] == REC):
-            s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
-            if b != int(self.orig_b[j]) or j not in records:
-                continue
-            rets = [t for t in self.problem.nodes[tl.t_prod[s]].inputs if tl.t_until.get(t) == b]
-            if not rets:
-                continue
-            first = tl.tensors_read_at(s, b)
-            best = None
-            for q in range(b - 1, a + 1, -1):
-                if tries >= EARLY_SHIFT_MAX_TRIES:
-                    break
-                tries += 1
-                t2, r2 = tl.copy(), dict(records)
-                t2.move_end(j, q, first)
-                for t in rets:
-                    t2.retain(t, q if q > t2.t_last[t] else None)
-                if int(t2.memory().max()) > budget:
-                    continue
-                undo_pass(t2, r2, budget)
-                if j in r2 and t2.added_s() < (best[0] if best else tl).added_s() * (1 - 1e-12):
-                    r2[j] = dataclasses.replace(r2[j], before=q)
-                    best = (t2, r2)
-            if best is not None:
-                tl, records = best
-                if tl.swap.ids.size:
-                    tl.refresh_swaps()
-        return tl, records
-
-    def _retain_inputs(self, tl: Timeline, budget: int) -> int:
-        """Where a recomputation chain regenerates a tensor that was freed after
-        its last use (not evicted: on a single-phase graph, the inputs of an
-        evicted tensor's producer), keep that tensor resident until the chain
-        instead, when the budget allows and it saves time: Checkmate's S
-        matrix holding a value across stages, which cuts the chain short.
-        Most saving first (the producer's time); each is checked on the
-        timeline and taken back if it goes over budget or saves nothing.
-        Returns how many were kept."""
-        cands = []
-        for q, ch in tl.chains.items():
-            if ch is None:
-                continue
-            for t in ch.made:
-                if tl.t_last_eff[t] < q and tl.retainable(t):
-                    cands.append((-tl.n_time[tl.t_prod[t]], q, t))
-        if not cands:
-            return 0
-        cands.sort()
-        done = 0
-        mem = tl.memory()
-        for _, q, t in cands:
-            ch = tl.chains.get(q)
-            if ch is None or t not in ch.made or tl.t_last_eff[t] >= q:
-                continue   # an earlier retention changed this chain
-            s = tl.t_storage[t]
-            end = tl._storage_end(s)
-            held = int(tl.t_nbytes[s]) if tl.t_act[s] else 0   # a view of an input: its storage stays resident
-            if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
-                continue
-            cost, old = tl.added_s(), tl.t_until.get(t)
-            with tl.recording() as journal:
-                tl.retain(t, q)
-            mem = tl.memory()
-            if int(mem.max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
-                done += 1
-                continue
-            tl.retain(t, old, replay=False)   # over budget or no gain: as it was
-            tl.restore_chains(journal)
-            mem = tl.memory()
-        if done and tl.swap.ids.size:
-            tl.refresh_swaps()
-        return done
-
-    def _fix_shrunk(self, tl: Timeline, records: dict) -> None:
-        """A window that ends where a chain regenerates its storage keeps that
-        end only while the chain still does; otherwise it gets its own window
-        back (the storage is then recomputed at its own use)."""
-        for _ in range(4):
-            broken = []
-            for j in np.flatnonzero((tl.w_b != self.orig_b) & (tl.pol == REC)).tolist():
-                s, q = int(tl.w_s[j]), int(tl.w_b[j])
-                ch = tl.chains.get(q)
-                if ch is None or not any(tl.t_storage[t] == s for t in ch.made):
-                    broken.append(j)
-            if not broken:
-                return
-            for j in broken:
-                s, b = int(tl.w_s[j]), int(self.orig_b[j])
-                tl.apply(j, KEEP)
-                tl.set_before(j, b, tl.tensors_read_at(s, b))
-                tl.apply(j, REC)
-                if j in records:
-                    records[j] = dataclasses.replace(records[j], before=b)
-
-    def _keep_regenerated(self, tl: Timeline, records: dict, budget: int) -> int:
-        """Where a recomputation chain regenerates an evicted storage before its
-        own use, keep it from there instead of recomputing it again later
-        (Chen et al.'s segment-wise regeneration), when the budget allows and
-        it saves time: the window ends at that chain, the earliest such chain
-        after which the storage fits under the budget.  Returns how many."""
-        done = 0
-        for j in sorted((k for k in records if tl.pol[k] == REC), key=lambda k: -int(tl.w_a[k])):
-            s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
-            qs = [q for q in tl.touch.get(s, ()) if a < q < b and q in tl.chains
-                  and any(tl.t_storage[t] == s for t in tl.chains[q].made)]
-            for q in sorted(qs):   # the earliest chain first (most saved); a later one where that does not fit
-                if int(tl.memory()[q:b].max()) + int(tl.w_bytes[j]) > budget:
-                    continue
-                made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
-                cost = tl.added_s()
-                old = tl.window_state(j)
-                with tl.recording() as journal:
-                    tl.move_end(j, q, made)
-                if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
-                    records[j] = dataclasses.replace(records[j], before=q)
-                    done += 1
-                    break
-                tl.move_end(j, state=old, replay=False)   # no gain or over budget: back to the window it had
-                tl.restore_chains(journal)
-        if done and tl.swap.ids.size:
-            tl.refresh_swaps()
-        return done
-
-    def realize(self, prepared: tuple[Timeline, dict, int], snap: _Snapshot, budget: int,
-                repair: bool = True) -> _Plan | None:
-        """Lower, simulate and, while the simulated peak is over ``budget``,
-        repair against the simulated timeline; ``None`` if that fails."""
-        tl, records, undone = prepared[0], dict(prepared[1]), prepared[2]
+    def realize(self, prepared: Prepared, snap: Snapshot, budget: int,
+                repair: bool = True) -> FinishedPlan | None:
+        """Lower, simulate and, while the simulated peak is over ``budget``
+        (bytes), repair against the simulated timeline (at most the
+        ``max_repair_steps`` option's moves); ``None`` if that fails.
+        ``prepared`` (:meth:`prepare`'s result) is not changed."""
+        problem, opts = self.ev.problem, self.ev.opts
+        tl, records, undone = prepared.timeline, dict(prepared.records), prepared.undone
         copied = False   # the prepared timeline is copied only if a repair changes it
-        for repairs in range(self.opts.max_repair_steps + 1 if repair else 1):
-            sched = lower(self.problem, tl.plan())
-            sim = simulate(self.problem, sched)
+        for repairs in range(opts.max_repair_steps + 1 if repair else 1):
+            sched = lower(problem, tl.plan())
+            sim = simulate(problem, sched)
             if sim.peak_bytes <= budget:
-                return _Plan(sched, sim, tl, records, undone, repairs, snap)
-            if not repair or repairs == self.opts.max_repair_steps:
+                return FinishedPlan(sched, sim, tl, records, undone, repairs, snap)
+            if not repair or repairs == opts.max_repair_steps:
                 break
-            q = _position(self.problem, sched, sim.peak_index)
-            with self._caches_of(snap):
-                mv = self._repair_move(tl, q, budget)
+            q = _position(problem, sched, sim.peak_index)
+            mv = self._repair_move(tl, q, budget, self._costs(snap))
             if mv is None:
                 break
             log.debug("libra: simulated peak %d over budget %d at position %d: repairing", sim.peak_bytes,
                       budget, q)
             if not copied:
                 tl, copied = tl.copy(), True
-            self._commit(mv, q, int(sim.peak_bytes), tl, records, REASON_REPAIR)
+            self.ev.commit(mv, q, int(sim.peak_bytes), tl, records, REASON_REPAIR)
         return None
 
-    def finish(self, snap: _Snapshot, budget: int, undo: bool = True, repair: bool = True,
-               polish: bool = True) -> _Plan | None:
-        """:meth:`prepare` then :meth:`realize`."""
-        return self.realize(self.prepare(snap, budget, undo, polish=polish), snap, budget, repair)
-
-    def _repair_move(self, tl: Timeline, q: int, budget: int) -> _Move | None:
-        idx = self.candidates(tl, q)
+    def _repair_move(self, tl: Timeline, q: int, budget: int, costs: OptionCosts) -> Move | None:
+        """The repair move at position ``q``: among the candidates there, one
+        whose raised points stay within ``budget`` first, then the best
+        score; ``None`` where no candidate lowers ``q``."""
         best = None
-        for j in idx.tolist():
-            mv = self._evaluate(tl, j, q, 0, limit=None)
+        for j in self.ev.candidates(tl, q).tolist():
+            mv = self.ev.evaluate(tl, j, q, 0, None, costs)
             if mv is None:
                 continue
             key = (mv.eff.raised_max <= budget, mv.score)
@@ -295,18 +135,13 @@ class Finisher:
                 best = (key, mv)
         return best[1] if best else None
 
-    def as_lowered(self, snap: _Snapshot) -> _Plan:
+    def as_lowered(self, snap: Snapshot) -> FinishedPlan:
         """The snapshot's timeline lowered and simulated as it is (no undo,
-        retention or repair): the plan :meth:`min_feasible_bytes` measures."""
-        sched = lower(self.problem, snap.timeline.plan())
-        return _Plan(sched, simulate(self.problem, sched), snap.timeline, dict(snap.records), 0, 0, snap)
-
-    def min_feasible_bytes(self) -> int:
-        """Simulated peak of the lowered end-of-descent plan (bytes)."""
-        if self._final_peak is None:
-            snap = self.final()
-            self._final_peak = simulate(self.problem, lower(self.problem, snap.timeline.plan())).peak_bytes
-        return self._final_peak
+        retention or repair): the plan ``Refiner.min_feasible_bytes``
+        measures."""
+        problem = self.ev.problem
+        sched = lower(problem, snap.timeline.plan())
+        return FinishedPlan(sched, simulate(problem, sched), snap.timeline, dict(snap.records), 0, 0, snap)
 
 
 def _position(problem: RematProblem, sched, index: int) -> int:
@@ -323,3 +158,6 @@ def _position(problem: RematProblem, sched, index: int) -> int:
         if k >= index:
             return node
     return nxt
+
+
+__all__ = ["Finisher"]

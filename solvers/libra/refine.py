@@ -1,10 +1,12 @@
 """The greedy refinement behind the ``libra`` solver: one resumable descent
-per problem and policy, and its snapshots.  The finish step (undo pass,
-segment-wise regeneration, retention, lowering, simulation, repair) is
-:mod:`libra_opt.solvers.libra_finish`.
+per problem and policy (:class:`Refiner`), and its snapshots.  The finish
+step (undo pass, segment-wise regeneration, retention, lowering, simulation,
+repair) is :mod:`libra_opt.solvers.libra.finish`, composed around a descent
+(:class:`~libra_opt.solvers.libra.finish.Finisher` takes it as its
+evaluator); the records they share are :mod:`libra_opt.solvers.libra.records`.
 
-See :mod:`libra_opt.solvers.libra` for the algorithm; the incremental model it
-scores moves with is :mod:`libra_opt.solvers.libra_estimate`.
+See :mod:`libra_opt.solvers.libra.solver` for the algorithm; the incremental
+model it scores moves with is :mod:`libra_opt.solvers.libra.estimate`.
 
 Source: Libra (Wang, NTHU 2024), greedy refinement from the profiled peak;
 Chen et al., "Training Deep Nets with Sublinear Memory Cost" (2016), sec. 4.1,
@@ -14,22 +16,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
-import weakref
-from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from libra_opt.passes.lowering import Policy, all_windows, default_windows
+from libra_opt.passes.lowering import Policy
 from libra_opt.ir.problem import RematProblem
 
 from .estimate import KEEP, REC, SWAP, Timeline
 from .explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
                       REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
-from .finish import Finisher, _Snapshot
+from .finish import Finisher
+from .records import FinishedPlan, Merge, Move, OptionCosts, Prepared, RetainInputs, Shrink, Snapshot, fresh_timeline
 
 
-#: most other windows a merged-regeneration variant tries per evaluation (``_Refiner._try_merge``)
+#: most other windows a merged-regeneration variant tries per evaluation (``Refiner._try_merge``)
 MAX_MERGES = 2
 #: most candidates evaluated exactly per refinement step before the best evaluated one is taken
 MAX_EVALS_PER_STEP = 48
@@ -37,25 +38,50 @@ MAX_EVALS_PER_STEP = 48
 _O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
 
 
-@dataclass
-class _Move:
-    j: int
+class _Todo(NamedTuple):
+    """An option :meth:`Refiner._evaluate` is still to try on one window."""
+    cached: float   # its cached (lower-bound) cost, s
+    col: int        # its option column (_O_REC, _O_HID, _O_LATE, _O_WAIT)
+    policy: int     # REC or SWAP
+    floor: int      # earliest position of the swap-in (0: none)
+
+
+class _Tried(NamedTuple):
+    """An option :meth:`Refiner._evaluate` evaluated on the timeline."""
+    policy: int
+    floor: int
+    eff: object     # Timeline.evaluate's effect
+
+
+class _Option(NamedTuple):
+    """An admissible option of one window (it lowers the peak position and
+    keeps every raised point under the limit); the cheapest is the move, ties
+    broken by recompute first, then the lower floor."""
+    cost: float     # added time, s (>= 0)
+    swap: bool      # not a recomputation (the tie-break)
+    floor: int
     policy: int
     eff: object
-    score: float
-    removed: int
-    rec_s: float | None
-    swap_s: float | None
-    reason: str
-    raised_pos: int | None = None
-    raised_bytes: int | None = None
-    shrink: tuple | None = None    # (position, tensors[, "early"]): the window ends where a chain regenerates it
-    also: tuple | None = None      # ("merge", window, position, tensors): another evicted window ends at this
-    #                                move's chain; ("retain", ((tensor, position), ...)): chain inputs kept resident
+    removed: int    # bytes taken off the peak position
+    shrink: Shrink | None = None
+    also: Merge | RetainInputs | None = None
 
 
-class _Refiner(Finisher):
-    """One greedy descent over one problem; resumable, with snapshots."""
+class Refiner:
+    """One greedy descent over one problem and policy; resumable, with
+    snapshots (Libra, Wang NTHU 2024: greedy refinement from the profiled
+    peak).  Implements the :class:`~libra_opt.solvers.libra.records.Evaluator`
+    interface the finish step (:class:`~libra_opt.solvers.libra.finish.Finisher`,
+    built per call by :meth:`prepare`, :meth:`realize` and
+    :meth:`as_lowered`) and the exchange moves use.
+
+    Parameters
+    ----------
+    problem : RematProblem
+    opts : LibraOptions
+        The solver's options (``policy``, ``windows``, ``swap_waits``,
+        ``swap_overlap_margin``, ``max_steps``, ``time_limit_s``, ...).
+    """
 
     def __init__(self, problem: RematProblem, opts):
         self.problem = problem
@@ -64,7 +90,7 @@ class _Refiner(Finisher):
         if mode == "auto":
             mode = "default" if problem.boundary < problem.num_nodes else "all"
         self.mode = mode   # the windows it descends over: "default" or "all"
-        self.tl = tl = _fresh_timeline(problem, mode, opts.swap_overlap_margin)
+        self.tl = tl = fresh_timeline(problem, mode, opts.swap_overlap_margin)
         self.allow_rec = opts.policy != "swap"
         self.allow_swap = opts.policy != "recompute"
         self.lo = tl.w_a + 1
@@ -78,17 +104,16 @@ class _Refiner(Finisher):
         # stall, where the copy cannot end before it).  They bound scores for the lazy selection.
         # Columns: _O_REC, _O_HID, _O_LATE, _O_WAIT.  An option refused because it would raise position
         # ``bat`` by ``bmem`` bytes to the peak is left out while that would still reach the peak.
-        self.cost = np.zeros((tl.nw, 4))
-        self.cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
+        self.costs = OptionCosts(np.zeros((tl.nw, 4)), self.lo.copy(), self.hi.copy())
+        cost = self.costs.cost
+        cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
         if not self.allow_swap:
-            self.cost[:, _O_HID] = self.cost[:, _O_LATE] = np.inf
+            cost[:, _O_HID] = cost[:, _O_LATE] = np.inf
         # waiting for a copy out only helps where copies overlap compute (elsewhere a copy blocks it anyway)
         waits = opts.swap_waits if opts.swap_waits is not None else opts.policy == "swap"
         self.allow_wait = self.allow_swap and tl.overlap and waits
         if not self.allow_wait:
-            self.cost[:, _O_WAIT] = np.inf
-        self.hid_lo = self.lo.copy()
-        self.hid_hi = self.hi.copy()
+            cost[:, _O_WAIT] = np.inf
         self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
         self.bat = np.full((tl.nw, 4), -1, dtype=np.int64)
         self.bmem = np.zeros((tl.nw, 4), dtype=np.int64)
@@ -96,7 +121,7 @@ class _Refiner(Finisher):
         # raised point is only known for that position
         self.bat_p = np.full((tl.nw, 4), -1, dtype=np.int64)
         self.eval_step = np.full(tl.nw, -1, dtype=np.int64)
-        self.cache: dict[int, _Move] = {}
+        self.cache: dict[int, Move] = {}
         self.records: dict[int, Decision] = {}
         self.step = 0
         self.evals = 0   # candidate evaluations (_evaluate calls) so far, the descent's and exchanges'
@@ -108,12 +133,12 @@ class _Refiner(Finisher):
         self.time_limit_s = opts.time_limit_s   # on busy_s; LibraSolver shares its option among descents
         self.asked: set[int] | None = None      # budgets this descent is run for (None: every budget)
         self.step_cap: int | None = None        # most steps (a variant of a portfolio: see LibraSolver)
-        self.capped_by: "_Refiner | None" = None   # the descent whose step count sets step_cap
-        self._final: _Snapshot | None = None
+        self.capped_by: "Refiner | None" = None   # the descent whose step count sets step_cap
+        self._final: Snapshot | None = None
         self._final_peak: int | None = None
 
     # ------------------------------------------------------------ descent
-    def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, _Snapshot]:
+    def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, Snapshot]:
         """Refine until the peak is under every budget (or, ``to_end``, until
         no move is left); snapshot the state when it first gets under each."""
         self._since = time.perf_counter()
@@ -129,10 +154,13 @@ class _Refiner(Finisher):
         after another."""
         return self.busy_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
 
-    def _descend(self, budgets: Sequence[int], to_end: bool) -> dict[int, _Snapshot]:
+    def _descend(self, budgets: Sequence[int], to_end: bool) -> dict[int, Snapshot]:
+        """:meth:`descend` without its clock: one move per step at the current
+        peak (:meth:`_select`, :meth:`_commit`) until every budget is met, no
+        move is left or a step or time limit is reached."""
         tl = self.tl
         pending = sorted(set(int(b) for b in budgets), reverse=True)
-        out: dict[int, _Snapshot] = {}
+        out: dict[int, Snapshot] = {}
         while True:
             m = tl.memory()
             p = int(np.argmax(m))
@@ -154,16 +182,18 @@ class _Refiner(Finisher):
             self._commit(move, p, peak)
         return out
 
-    def final(self) -> _Snapshot:
+    def final(self) -> Snapshot:
         """The state at the end of the descent (the lowest peak it reaches)."""
         if self._final is None:
             self.descend([], to_end=True)
             self._final = self._snapshot(self.tl.peak()[0])
         return self._final
 
-    def _snapshot(self, peak: int) -> _Snapshot:
-        return _Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
-                         self.cut_short, (self.cost.copy(), self.hid_lo.copy(), self.hid_hi.copy()), self.evals)
+    def _snapshot(self, peak: int) -> Snapshot:
+        """The descent's state now, its estimated peak ``peak`` (bytes), as a
+        :class:`~libra_opt.solvers.libra.records.Snapshot` (copies)."""
+        return Snapshot(self.step, peak, self.clock_s(), self.tl.copy(), dict(self.records),
+                         self.cut_short, self.costs.copy(), self.evals)
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:
         """Window ids a move may change at peak position ``p``: kept windows
@@ -183,17 +213,18 @@ class _Refiner(Finisher):
                 idx = np.union1d(idx, np.array(extra, dtype=np.int64))
         return idx
 
-    def _select(self, p: int, peak: int, mem: np.ndarray) -> _Move | None:
+    def _select(self, p: int, peak: int, mem: np.ndarray) -> Move | None:
         """Lazy best-first selection: candidates in order of their cached score
         bound; the first whose fresh evaluation is still the best is taken."""
         tl = self.tl
         idx = self.candidates(tl, p)
         if not len(idx):
             return None
-        c = self.cost[idx]
+        costs = self.costs
+        c = costs.cost[idx]
         bat = np.where(self._bat_known(idx, p), self.bat[idx], -1)
         c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
-        lo, hi = np.maximum(self.hid_lo[idx], self._release_bound(tl, idx)), self.hid_hi[idx]
+        lo, hi = np.maximum(costs.hid_lo[idx], self._release_bound(tl, idx)), costs.hid_hi[idx]
         self.rel_lo[idx] = lo   # read by _evaluate during this selection
         c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
         # a swapped window's swap-in may be delayed past p where it is issued before p
@@ -215,7 +246,7 @@ class _Refiner(Finisher):
                 return fresh_best
             self.eval_step[j] = self.step
             evals += 1
-            mv = self._evaluate(tl, j, p, peak, limit=peak)
+            mv = self._evaluate(tl, j, p, peak, peak, costs, True)
             if mv is None:
                 local[k] = -np.inf
             else:
@@ -251,7 +282,18 @@ class _Refiner(Finisher):
         end = issue + tl.w_bytes[idx] / tl.d2h * (1.0 + tl.margin)
         return np.searchsorted(T, end, side="left")
 
-    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None) -> _Move | None:
+    def evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None,
+                 costs: OptionCosts) -> Move | None:
+        """:meth:`_evaluate` on a timeline other than the descent's own (a
+        prepared plan's, in exchange moves and repairs), its options ordered
+        and skipped by ``costs`` (a snapshot's caches, read only): no cache
+        of the descent is changed (but its evaluation count), and no early
+        regeneration is tried.  ``peak``: the memory at ``p`` (bytes), read
+        only where ``limit`` is not ``None``."""
+        return self._evaluate(tl, j, p, peak, limit, costs, False)
+
+    def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None, costs: OptionCosts,
+                  descent: bool) -> Move | None:
         """Best admissible option for window ``j`` at peak position ``p``: every
         raised point stays under ``limit`` (``None``: no such condition) and
         position ``p`` goes down.  Options: recompute; swap with the swap-in
@@ -259,8 +301,14 @@ class _Refiner(Finisher):
         after ``p`` (it then covers ``p``, at the price of a stall); swap that
         waits for its copy out right before ``p`` (where the copy cannot end
         before ``p``; a stall), its swap-in after ``p``.  An evicted window
-        may switch policy, delay its swap-in or wait for its copy out."""
+        may switch policy, delay its swap-in or wait for its copy out.
+        ``costs``: the option-cost caches that order and skip the options.
+        ``descent``: ``tl`` is the descent's own timeline, in its selection
+        step: the caches (``costs`` must then be the descent's own) learn the
+        evaluated costs and the points they raise, and an early regeneration
+        is tried; otherwise nothing of the descent changes."""
         self.evals += 1
+        ocost = costs.cost   # (windows, 4) s
         s = int(tl.w_s[j])
         if s in tl.s_retained:   # a storage is either evicted or retained
             return None
@@ -270,57 +318,57 @@ class _Refiner(Finisher):
         b = int(tl.w_b[j])
         # options, tried cheapest cached cost first (recompute first on ties); an option is skipped
         # once an admissible one is known to cost no more than its cached (lower-bound) cost
-        todo: list[tuple[float, int, int, int]] = []   # (cached cost, column, policy, floor)
+        todo: list[_Todo] = []
         if self.allow_rec and tl.w_rec_ok[j] and SWAP not in others and cur != REC:
-            todo.append((self.cost[j, _O_REC], _O_REC, REC, 0))
+            todo.append(_Todo(ocost[j, _O_REC], _O_REC, REC, 0))
         if self.allow_swap and REC not in others:
-            natural = tl is not self.tl or self.rel_lo[j] <= p   # the copy out may end before p
-            if cur != SWAP and p <= self.hid_hi[j]:
+            natural = not descent or self.rel_lo[j] <= p   # the copy out may end before p
+            if cur != SWAP and p <= costs.hid_hi[j]:
                 # a swap whose copy out cannot end before p does not lower p (and more copies only
                 # delay the others): evaluate it only where it may release the storage by p
                 if natural:
-                    todo.append((self.cost[j, _O_HID], _O_HID, SWAP, 0))
-            elif (tl.pos.get(j, -1) if cur == SWAP else self.hid_hi[j]) < p < b:
-                todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
+                    todo.append(_Todo(ocost[j, _O_HID], _O_HID, SWAP, 0))
+            elif (tl.pos.get(j, -1) if cur == SWAP else costs.hid_hi[j]) < p < b:
+                todo.append(_Todo(ocost[j, _O_LATE], _O_LATE, SWAP, p))
             if self.allow_wait and p < b and (not natural if cur != SWAP else (
                     tl.wait[j] != p and p < int(tl.sw_r0[j]))):
                 # the copy out cannot end before p: wait for it right before p (its swap-in after p)
-                todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
-        if tl is self.tl and limit is not None and todo:
+                todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
+        if descent and limit is not None and todo:
             # as in _select: an option known to raise a point to the peak stays out while it still would
             mem = tl.memory()
             bat = np.where(self._bat_known(np.array([j]), p)[0], self.bat[j], -1)
-            todo = [x for x in todo if bat[x[1]] < 0 or int(mem[bat[x[1]]]) + int(self.bmem[j, x[1]]) < peak]
-        opts: list[tuple[int, int, object]] = []
-        ok = []
+            todo = [x for x in todo if bat[x.col] < 0 or int(mem[bat[x.col]]) + int(self.bmem[j, x.col]) < peak]
+        opts: list[_Tried] = []
+        ok: list[_Option] = []
         mem = None
         while todo:
-            todo.sort(key=lambda x: (x[0], x[1]))
+            todo.sort(key=lambda x: (x.cached, x.col))
             cached, col, pol, fl = todo.pop(0)
             if ok:
-                best = min(ok, key=lambda x: x[:2])
-                if cached > best[0] or (cached == best[0] and col != _O_REC):
+                best = min(ok, key=lambda x: (x.cost, x.swap))
+                if cached > best.cost or (cached == best.cost and col != _O_REC):
                     break
             if pol == SWAP:
                 e = tl.evaluate(j, pol, floor=fl, wait=p if col == _O_WAIT else None)
             else:
                 e = tl.evaluate(j, REC)
-            opts.append((pol, fl, e))
-            if tl is self.tl:
-                self._remember(j, [(pol, fl, e)], col)
+            opts.append(_Tried(pol, fl, e))
+            if descent:
+                self._remember(j, pol, fl, e, col)
                 self.bat[j, col] = -1
             if not e.feasible:
                 continue
             newp = tl.new_value_at(j, pol, e, p)
             if newp < m_p and (limit is None or e.raised_max < limit):
-                ok.append((max(e.cost_s, 0.0), pol != REC, fl, pol, e, m_p - newp, None))
+                ok.append(_Option(max(e.cost_s, 0.0), pol != REC, fl, pol, e, m_p - newp))
                 if pol == REC and cur == KEEP:
                     self._try_shrink(tl, j, e, p, m_p, limit, ok)
             if pol == REC and cur == KEEP and e.feasible and self.opts.merge:
                 self._try_merge(tl, j, e, p, m_p, limit, ok)
             if pol == REC and cur == KEEP and e.feasible and self.opts.retain and self.opts.retain_inputs:
                 self._try_retain(tl, j, e, p, m_p, limit, ok)
-            if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and tl is self.tl:
+            if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and descent:
                 if pol == REC and cur == KEEP and self.opts.early:
                     self._try_early(tl, j, p, m_p, limit, ok)
                 mem = tl.memory() if mem is None else mem
@@ -330,25 +378,26 @@ class _Refiner(Finisher):
             if col == _O_HID and newp >= m_p and p < b:
                 k = np.flatnonzero(e.swap.ids == j)
                 if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
-                    todo.append((self.cost[j, _O_LATE], _O_LATE, SWAP, p))
-                if len(k) and int(e.swap.r0[k[0]]) > p and self.allow_wait and not any(x[1] == _O_WAIT for x in todo):
-                    todo.append((self.cost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
-        feasible = [(pol, fl, e) for pol, fl, e in opts if e.feasible]
+                    todo.append(_Todo(ocost[j, _O_LATE], _O_LATE, SWAP, p))
+                if len(k) and int(e.swap.r0[k[0]]) > p and self.allow_wait and not any(x.col == _O_WAIT for x in todo):
+                    todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, p))   # gone too late: wait for the copy
+        feasible = [t for t in opts if t.eff.feasible]
         if not ok:
             return None
-        cost, _, fl, pol, eff, removed, shrink, *also = min(ok, key=lambda x: x[:3])
-        rec = [max(e.cost_s, 0.0) for q, _, e in feasible if q == REC]
-        swp = [max(e.cost_s, 0.0) for q, _, e in feasible if q == SWAP]
-        rec_s = rec[0] if rec else (float(self.cost[j, _O_REC]) if np.isfinite(self.cost[j, _O_REC]) else None)
-        swap_s = min(swp) if swp else (float(self.cost[j, _O_HID]) if np.isfinite(self.cost[j, _O_HID]) else None)
-        rec_ok = any(x[3] == REC for x in ok)
+        chosen = min(ok, key=lambda x: (x.cost, x.swap, x.floor))
+        pol, removed = chosen.policy, chosen.removed
+        rec = [max(t.eff.cost_s, 0.0) for t in feasible if t.policy == REC]
+        swp = [max(t.eff.cost_s, 0.0) for t in feasible if t.policy == SWAP]
+        rec_s = rec[0] if rec else (float(ocost[j, _O_REC]) if np.isfinite(ocost[j, _O_REC]) else None)
+        swap_s = min(swp) if swp else (float(ocost[j, _O_HID]) if np.isfinite(ocost[j, _O_HID]) else None)
+        rec_ok = any(x.policy == REC for x in ok)
         raised = None
         if pol == REC:
             if cur == SWAP:
                 reason = REASON_SWITCH
             elif not self.allow_swap:
                 reason = REASON_ONLY_POLICY
-            elif swp and not any(x[3] == SWAP for x in ok):
+            elif swp and not any(x.policy == SWAP for x in ok):
                 reason = REASON_SWAP_NO_GAIN
             else:
                 reason = REASON_CHEAPEST
@@ -361,13 +410,13 @@ class _Refiner(Finisher):
                 reason = REASON_NOT_RECOMPUTABLE
             elif rec and not rec_ok:
                 reason = REASON_NEW_PEAK
-                raised = next(e for q, _, e in feasible if q == REC)
+                raised = next(t.eff for t in feasible if t.policy == REC)
             else:
                 reason = REASON_CHEAPEST
-        score = removed / max(cost, self.eps)
-        return _Move(j, pol, eff, score, removed, rec_s, swap_s, reason,
-                     raised.raised_at if raised else None, raised.raised_max if raised else None, shrink,
-                     also[0] if also else None)
+        score = removed / max(chosen.cost, self.eps)
+        return Move(j, pol, chosen.eff, score, removed, rec_s, swap_s, reason,
+                    raised.raised_at if raised else None, raised.raised_max if raised else None, chosen.shrink,
+                    chosen.also)
 
     def _try_shrink(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
         """Recomputation variant of window ``j`` that ends at the first chain
@@ -384,7 +433,7 @@ class _Refiner(Finisher):
         if newp is None or e2.cost_s >= e.cost_s:
             return
         if newp < m_p and (limit is None or e2.raised_max < limit):
-            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, made)))
+            ok.append(_Option(max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, Shrink(q, made)))
 
     def _try_merge(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
         """Recomputation variant of kept window ``j`` for when its chain (``e``)
@@ -420,7 +469,7 @@ class _Refiner(Finisher):
                         cost = tl.added_s() - before + max(e2.cost_s, 0.0)
                         if cost < max(e.cost_s, 0.0) and newp < m_p and (
                                 limit is None or max(e2.raised_max, hold) < limit):
-                            ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None, ("merge", k, q, made)))
+                            ok.append(_Option(max(cost, 0.0), False, 0, REC, e2, m_p - newp, None, Merge(k, q, made)))
                     finally:
                         tl.move_end(k, state=old, replay=False)
                         tl.restore_chains(journal)
@@ -429,7 +478,7 @@ class _Refiner(Finisher):
         """Recomputation variant of kept window ``j`` for when its chain (``e``)
         regenerates inputs of the storage's producer that were freed after
         their last use (not evicted): keep those inputs resident until the
-        chain instead (:class:`~libra_opt.lowering.Retain`, Checkmate's S
+        chain instead (:class:`~libra_opt.passes.lowering.Retain`, Checkmate's S
         holding a value across stages), which cuts the chain short.  Taken
         where it costs less than the plain recomputation and the memory the
         inputs hold, less the storage's bytes, stays under ``limit``."""
@@ -469,8 +518,8 @@ class _Refiner(Finisher):
                     vals[i] = tl.new_value_at(j, REC, e2, q)
             hold = int(vals.max()) if len(vals) else 0
             if limit is None or max(e2.raised_max, hold) < limit:
-                ok.append((max(cost, 0.0), False, 0, REC, e2, m_p - newp, None,
-                           ("retain", tuple(rets.items()))))
+                ok.append(_Option(max(cost, 0.0), False, 0, REC, e2, m_p - newp, None,
+                                  RetainInputs(tuple(rets.items()))))
         finally:
             for t in reversed(done):
                 tl.retain(t, None, replay=False)
@@ -489,7 +538,7 @@ class _Refiner(Finisher):
         first = tl.tensors_read_at(s, b)
         e2, newp = self._ending_at(tl, j, q, first, p)
         if newp is not None and newp < m_p and e2.raised_max < limit:
-            ok.append((max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, (q, first, "early")))
+            ok.append(_Option(max(e2.cost_s, 0.0), False, 0, REC, e2, m_p - newp, Shrink(q, first, True)))
 
     @staticmethod
     def _ending_at(tl: Timeline, j: int, q: int, tensors: list[int], p: int):
@@ -505,67 +554,98 @@ class _Refiner(Finisher):
         finally:
             tl.move_window_back(j, old)
 
-    def _remember(self, j: int, opts, col: int | None = None) -> None:
-        """Cache the evaluated option costs of window ``j`` (see ``__init__``);
-        ``col``: the option column, where it is not told by policy and floor."""
-        for pol, fl, e in opts:
-            c = max(e.cost_s, 0.0) if e.feasible else np.inf
-            if col == _O_WAIT:
-                self.cost[j, _O_WAIT] = c
-            elif pol == REC:
-                self.cost[j, _O_REC] = c
-            elif fl == 0:
-                self.cost[j, _O_HID] = c
-                k = np.flatnonzero(e.swap.ids == j) if e.swap is not None else ()
-                if len(k):
-                    self.hid_lo[j], self.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
-            else:
-                self.cost[j, _O_LATE] = c
+    def _remember(self, j: int, pol: int, fl: int, e, col: int) -> None:
+        """Cache the evaluated cost of option ``col`` (policy ``pol``, floor
+        ``fl``, effect ``e``) of window ``j`` in the descent's caches (see
+        ``__init__``)."""
+        costs = self.costs
+        c = max(e.cost_s, 0.0) if e.feasible else np.inf
+        if col == _O_WAIT:
+            costs.cost[j, _O_WAIT] = c
+        elif pol == REC:
+            costs.cost[j, _O_REC] = c
+        elif fl == 0:
+            costs.cost[j, _O_HID] = c
+            k = np.flatnonzero(e.swap.ids == j) if e.swap is not None else ()
+            if len(k):
+                costs.hid_lo[j], costs.hid_hi[j] = int(e.swap.r0[k[0]]), int(e.swap.prefetch[k[0]])
+        else:
+            costs.cost[j, _O_LATE] = c
 
-    def _commit(self, mv: _Move, p: int, peak: int, tl: Timeline | None = None, records: dict | None = None,
-                reason: str | None = None) -> None:
-        tl = self.tl if tl is None else tl
-        records = self.records if records is None else records
+    def commit(self, mv: Move, p: int, peak: int, tl: Timeline, records: dict, reason: str | None = None) -> None:
+        """Apply ``mv`` (found at position ``p``, peak ``peak`` bytes) to
+        ``tl``, a timeline other than the descent's own (exchange moves,
+        repairs), and record it in ``records`` (window id ->
+        :class:`~libra_opt.solvers.libra.explain.Decision`, step ``-1``,
+        ``reason``: the move's own where ``None``); nothing of the descent
+        changes."""
+        self._apply(mv, p, peak, tl, records, -1, reason)
+
+    def _commit(self, mv: Move, p: int, peak: int) -> None:
+        """Take ``mv`` in the descent: applied to its timeline and records as
+        step :attr:`step`; the caches of the moved window keep its switch
+        costs."""
+        self._apply(mv, p, peak, self.tl, self.records, self.step, None)
         j = mv.j
-        if mv.also is not None and mv.also[0] == "merge":
-            _, k, q, made = mv.also
-            tl.move_end(k, q, made)
+        if mv.shrink is not None and mv.shrink.early:
+            self.used_early = True
+        self.step += 1
+        # what is left are switch costs: roughly the other options' costs less what was paid
+        cost = self.costs.cost
+        cost[j] = np.maximum(cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
+        cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
+        self.bat[j] = -1
+
+    def _apply(self, mv: Move, p: int, peak: int, tl: Timeline, records: dict, step: int,
+               reason: str | None) -> None:
+        """``mv`` applied to ``tl`` (its merged or retained companions first)
+        and recorded in ``records`` at ``step``."""
+        j = mv.j
+        also = mv.also
+        if isinstance(also, Merge):
+            k, q = also.window, also.position
+            tl.move_end(k, q, also.tensors)
             if records.get(k) is not None:
                 records[k] = dataclasses.replace(records[k], before=q)
-        elif mv.also is not None:
-            for t, q in mv.also[1]:
+        elif isinstance(also, RetainInputs):
+            for t, q in also.pairs:
                 tl.retain(t, q)
         if mv.shrink is not None:
-            tl.set_before(j, mv.shrink[0], mv.shrink[1])
-            if len(mv.shrink) > 2 and tl is self.tl:
-                self.used_early = True
+            tl.set_before(j, mv.shrink.position, mv.shrink.tensors)
         tl.apply(j, mv.policy, mv.eff)
-        records[j] = explain(self.problem, step=self.step if tl is self.tl else -1, storage=int(tl.w_s[j]),
+        records[j] = explain(self.problem, step=step, storage=int(tl.w_s[j]),
                              after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=Policy.of_code(mv.policy).value,
                              nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
                              added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
                              reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes,
-                             early_from=int(tl.orig_b[j]) if mv.shrink is not None and len(mv.shrink) > 2 else None)
-        if tl is self.tl:
-            self.step += 1
-            # what is left are switch costs: roughly the other options' costs less what was paid
-            self.cost[j] = np.maximum(self.cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
-            self.cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
-            self.bat[j] = -1
+                             early_from=int(tl.orig_b[j]) if mv.shrink is not None and mv.shrink.early else None)
 
-# pristine timelines per problem, window mode and margin: the descents of one solve (and of later
-# solves of the same problem) start from copies, sharing the static arrays
-_TIMELINES: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
+    # ------------------------------------------------------------ finish (composed: finish.Finisher)
+    def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+                polish: bool = True) -> Prepared:
+        """:meth:`Finisher.prepare <libra_opt.solvers.libra.finish.Finisher.prepare>`
+        of this descent's snapshot ``snap`` for ``budget`` (bytes)."""
+        return Finisher(self).prepare(snap, budget, undo, exchange, polish)
 
+    def realize(self, prepared: Prepared, snap: Snapshot, budget: int,
+                repair: bool = True) -> FinishedPlan | None:
+        """:meth:`Finisher.realize <libra_opt.solvers.libra.finish.Finisher.realize>`:
+        lower, simulate, repair; ``None`` where the plan stays over ``budget``."""
+        return Finisher(self).realize(prepared, snap, budget, repair)
 
-def _fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
-    """A no-remat :class:`Timeline` over the ``mode`` windows (``"default"`` or ``"all"``)."""
-    per = _TIMELINES.setdefault(problem, {})
-    key = (mode, float(margin))
-    if key not in per:
-        if mode == "default":
-            wins = sorted((s, a, b) for s, (a, b) in default_windows(problem).items())
-        else:
-            wins = sorted(all_windows(problem))
-        per[key] = Timeline(problem, wins, margin)
-    return per[key].copy()
+    def finish(self, snap: Snapshot, budget: int, undo: bool = True, repair: bool = True,
+               polish: bool = True) -> FinishedPlan | None:
+        """:meth:`prepare` then :meth:`realize` (a subclass's ``prepare`` included)."""
+        return self.realize(self.prepare(snap, budget, undo, polish=polish), snap, budget, repair)
+
+    def as_lowered(self, snap: Snapshot) -> FinishedPlan:
+        """The snapshot's timeline lowered and simulated as it is
+        (:meth:`Finisher.as_lowered <libra_opt.solvers.libra.finish.Finisher.as_lowered>`)."""
+        return Finisher(self).as_lowered(snap)
+
+    def min_feasible_bytes(self) -> int:
+        """Simulated peak of the lowered end-of-descent plan (bytes); runs the
+        descent to its end if it has not got there."""
+        if self._final_peak is None:
+            self._final_peak = self.as_lowered(self.final()).simulation.peak_bytes
+        return self._final_peak

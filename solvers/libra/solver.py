@@ -6,8 +6,8 @@ the eager (keep-everything) plan greedily from its profiled peak:
 
 1. **Peak memory profiling.**  From the memory timeline, find the peak and
    the activations live across it that are not in use at that moment (the
-   candidates: storage windows from :func:`~libra_opt.lowering.default_windows`,
-   or every gap between uses, :func:`~libra_opt.lowering.all_windows`, on a
+   candidates: storage windows from :func:`~libra_opt.passes.lowering.default_windows`,
+   or every gap between uses, :func:`~libra_opt.passes.lowering.all_windows`, on a
    single-phase graph).
 2. **Memory-reduction estimation.**  For each candidate and policy, the bytes
    it removes at the peak and the time it adds: recomputation costs its
@@ -15,7 +15,7 @@ the eager (keep-everything) plan greedily from its profiled peak:
    chain*, with the memory that chain occupies when it runs); swapping costs
    the part of the transfer that does not hide behind the compute between
    swap-out and use, at the device's measured bandwidth, with the copy
-   queues' contention (:mod:`libra_opt.solvers.libra_estimate`).
+   queues' contention (:mod:`libra_opt.solvers.libra.estimate`).
 3. **Greedy refinement.**  Take the candidate with the most bytes removed at
    the peak per added second.  Recomputation is the first choice; a swap is
    taken where recomputing (or its chain) would push another point of the
@@ -24,7 +24,7 @@ the eager (keep-everything) plan greedily from its profiled peak:
    the current peak, so the peak never rises and one descent passes every
    budget on the way down.  The timeline is updated incrementally.
 4. **Finish.**  A final pass undoes decisions the budget no longer needs
-   (most expensive first); the plan is lowered (:func:`~libra_opt.lowering.lower`)
+   (most expensive first); the plan is lowered (:func:`~libra_opt.passes.lowering.lower`)
    and simulated; if the simulated peak is still over budget, refinement
    continues against the simulated timeline.
 
@@ -35,13 +35,19 @@ solves, but for one thing: a plan for a lower budget fits every higher one,
 so the sweep returns, for each budget, the cheapest plan found for it or any
 lower budget (monotone in cost).
 
-Modules: :mod:`~libra_opt.solvers.libra_refine` (the descent and its
-snapshots), :mod:`~libra_opt.solvers.libra_finish` (undo pass, segment-wise
+Modules: :mod:`~libra_opt.solvers.libra.refine` (the descent and its
+snapshots), :mod:`~libra_opt.solvers.libra.finish` (undo pass, segment-wise
 regeneration, retention, lowering, simulation, repair),
-:mod:`~libra_opt.solvers.libra_estimate` (the incremental timeline; with
-:mod:`~libra_opt.solvers.libra_chains`, :mod:`~libra_opt.solvers.libra_swaps`
-and :mod:`~libra_opt.solvers.libra_reshape`),
-:mod:`~libra_opt.solvers.libra_explain` (decision records).
+:mod:`~libra_opt.solvers.libra.estimate` (the incremental timeline; with
+:mod:`~libra_opt.solvers.libra.chains`, :mod:`~libra_opt.solvers.libra.swaps`
+and :mod:`~libra_opt.solvers.libra.reshape`),
+:mod:`~libra_opt.solvers.libra.explain` (decision records),
+:mod:`~libra_opt.solvers.libra.records` (the records the parts share: moves,
+snapshots, prepared and finished plans, the descent's interface),
+:mod:`~libra_opt.solvers.libra.tidy` (the estimate-only passes over a
+prepared plan), :mod:`~libra_opt.solvers.libra.exchange` (exchange moves) and
+:mod:`~libra_opt.solvers.libra.switch` (policy switches).  The finish step is
+composed around a descent (``Finisher(refiner)``), not inherited.
 
 Beyond the thesis: a swap-in may be delayed past the peak it must cover
 (paying a stall); where a chain regenerates an evicted storage before its own
@@ -66,11 +72,11 @@ back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-on
 ``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
 budget (on problems of up to 1,000 nodes; on larger ones where no descent
 meets the budget).  After the undo pass, *exchange moves*
-(:mod:`~libra_opt.solvers.libra_exchange`) give back one of the most
+(:mod:`~libra_opt.solvers.libra.exchange`) give back one of the most
 expensive decisions and cover the budget again with cheaper ones (several
 small recomputes instead of one large one), and a recomputation whose chain
 regenerates another evicted storage may end that storage's window there
-(both pay for one regeneration: ``_Refiner._try_merge``).
+(both pay for one regeneration: ``Refiner._try_merge``).
 In hybrid mode, *policy switches* (:mod:`~libra_opt.solvers.libra.switch`)
 then move swaps that stall or crowd the copy queues to recomputation and the
 most expensive recomputations to swaps that hide behind compute, on the
@@ -92,7 +98,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -106,9 +112,9 @@ from libra_opt.ir.units import parse_budget
 from ..base import Solver
 from ..baselines import BaselineCandidate, BaselinePlan
 from .explain import REASON_ONLY_POLICY, explain
-from .finish import _Plan, _Snapshot
 from .estimate import SWAP
-from .refine import _Refiner
+from .records import FinishedPlan, Prepared, Snapshot
+from .refine import Refiner
 from .switch import switch_policies
 from ..registry import register_solver, solver_class
 from ..result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
@@ -172,8 +178,8 @@ class LibraOptions:
         within ``LibraSolver.SWAP_WAIT_SHARE`` of the other descents' time).  ``True`` / ``False``: every descent does / none does.
     windows : {"auto", "default", "all"}
         Candidate eviction windows: ``"default"`` one per storage
-        (:func:`~libra_opt.lowering.default_windows`), ``"all"`` every gap
-        between uses (:func:`~libra_opt.lowering.all_windows`); ``"auto"``
+        (:func:`~libra_opt.passes.lowering.default_windows`), ``"all"`` every gap
+        between uses (:func:`~libra_opt.passes.lowering.all_windows`); ``"auto"``
         picks ``"all"`` for single-phase graphs and ``"default"`` otherwise.
     undo : bool
         Run the final pass that undoes decisions the budget does not need.
@@ -189,18 +195,18 @@ class LibraOptions:
     retain : bool
         Run the pass that keeps a tensor resident after its last use until a
         recomputation chain that would otherwise regenerate it
-        (:class:`~libra_opt.lowering.Retain`), where the budget allows and
+        (:class:`~libra_opt.passes.lowering.Retain`), where the budget allows and
         it saves time.  Matters most on single-phase graphs.
     exchange : bool
         After the undo pass, try exchange moves
-        (:mod:`~libra_opt.solvers.libra_exchange`): give back one of the
+        (:mod:`~libra_opt.solvers.libra.exchange`): give back one of the
         most expensive decisions, forbid it, and cover the budget again with
         the descent's moves; kept where the estimated added time goes down
         (several cheaper evictions instead of one costly one).
     merge : bool
         Score recomputations whose chain regenerates another evicted storage
         with that storage's window ended at the chain (one regeneration for
-        both; ``_Refiner._try_merge``).  In recompute-only mode with the
+        both; ``Refiner._try_merge``).  In recompute-only mode with the
         portfolio, a second descent with the other setting runs too (on
         problems of up to 1,000 nodes: the variant costs seconds on larger
         ones) and the cheaper plan is returned (neither setting is better on
@@ -211,7 +217,7 @@ class LibraOptions:
         During the descent, score a recomputation whose chain would
         regenerate inputs of the producer freed after their last use also
         with those inputs kept resident until the chain (a
-        :class:`~libra_opt.lowering.Retain`), taken where that is cheaper
+        :class:`~libra_opt.passes.lowering.Retain`), taken where that is cheaper
         and fits under the peak (the ``retain`` pass does this only after
         the descent, so the descent would not see the cheaper option).
         Only with ``retain``: ``retain=False`` plans no retention at all.
@@ -366,16 +372,16 @@ class _BaselinePool:
         return min(peaks) if peaks else None
 
 
-class _BulkSwapRefiner(_Refiner):
+class _BulkSwapRefiner(Refiner):
     """The bulk move of swap-only mode (a portfolio member on problems of at
     most ``LibraSolver.POOL_MAX_NODES`` nodes, elsewhere a fallback where
     the descents stop above a budget) and of hybrid mode (a fallback): not a
-    descent but one move (:meth:`~libra_opt.solvers.libra_swaps.SwapPlanner.swap_bulk`):
+    descent but one move (:meth:`~libra_opt.solvers.libra.estimate.Timeline.swap_bulk`):
     every window swapped at once, each waiting for its copy out right after
     its window opens and swapped in right before its use, the least memory
     swapping can hold (down to the memory floor where every storage is
     swappable); then, per budget, what the budget does not need is given
-    back (:meth:`~libra_opt.solvers.libra_swaps.SwapPlanner.relax_swaps`)
+    back (:meth:`~libra_opt.solvers.libra.estimate.Timeline.relax_swaps`)
     before the usual finish step.
 
     Why: where the device-to-host link is slower than the forward pass and
@@ -389,9 +395,11 @@ class _BulkSwapRefiner(_Refiner):
     def __init__(self, problem: RematProblem, opts):
         super().__init__(problem, opts)
         self._built = False
-        self._relaxed: dict[int, _Snapshot] = {}   # budget -> the bulk plan relaxed for it
+        self._relaxed: dict[int, Snapshot] = {}   # budget -> the bulk plan relaxed for it
 
     def _descend(self, budgets, to_end):
+        """The bulk move on the first call (unless the time or step limit
+        rules it out), then snapshots as a descent takes them."""
         if not self._built:
             # taken unless ``time_limit_s`` is spent (as a descent checks before each step) or ``max_steps``
             # is under the decisions it makes (one per window)
@@ -405,6 +413,8 @@ class _BulkSwapRefiner(_Refiner):
         return super()._descend(budgets, to_end)
 
     def _build(self) -> None:
+        """Every enabled window swapped at once (``Timeline.swap_bulk``), one
+        decision record per swap."""
         tl, problem = self.tl, self.problem
         tl.swap_bulk(np.flatnonzero(self.enabled))
         peak, pos = tl.peak()
@@ -417,10 +427,10 @@ class _BulkSwapRefiner(_Refiner):
                                       reason=REASON_ONLY_POLICY)
         self.step = len(self.records)
 
-    def prepare(self, snap: _Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
-                polish: bool = True) -> tuple:
+    def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,
+                polish: bool = True) -> Prepared:
         """The bulk plan with what ``budget`` does not need given back (once
-        per budget), then the usual finish step (:meth:`Finisher.prepare`,
+        per budget), then the usual finish step (:meth:`Refiner.prepare`,
         without exchange moves: the bulk plan has no descent to draw them
         from).  With ``polish=False`` (only whether the budget is met) too:
         the simulation can differ from the estimate where swap-ins are issued
@@ -436,6 +446,23 @@ class _BulkSwapRefiner(_Refiner):
         return super().prepare(snap, budget, undo, exchange=False, polish=polish)
 
 
+class _Candidate(NamedTuple):
+    """A prepared plan the solver may lower: its estimated added time (s),
+    the index of its descent in the solve's list, the plan, and a tag added
+    to the descent's name in ``extras["descent"]`` (``"+switch"``)."""
+    estimate: float
+    descent: int
+    prepared: Prepared
+    tag: str = ""
+
+
+class _Found(NamedTuple):
+    """A candidate lowered and simulated within the budget."""
+    plan: FinishedPlan
+    descent: int
+    tag: str
+
+
 @register_solver("libra")
 class LibraSolver(Solver):
     """Libra's greedy refinement with a hybrid swap + recompute policy.
@@ -443,8 +470,8 @@ class LibraSolver(Solver):
     See :mod:`libra_opt.solvers.libra` for the algorithm and
     :class:`LibraOptions` for the options.  ``SolveResult.extras`` holds
     ``decisions`` (one dict per eviction, with why:
-    :class:`~libra_opt.solvers.libra_explain.Decision`), ``estimated_peak_bytes``,
-    ``retained`` (one dict per :class:`~libra_opt.lowering.Retain`: tensor,
+    :class:`~libra_opt.solvers.libra.explain.Decision`), ``estimated_peak_bytes``,
+    ``retained`` (one dict per :class:`~libra_opt.passes.lowering.Retain`: tensor,
     name, until, nbytes), ``estimated_added_s``, ``steps``, ``undone``,
     ``repairs`` and ``policy``.
 
@@ -462,7 +489,7 @@ class LibraSolver(Solver):
                 "learning, NTHU 2024 (greedy refinement, hybrid recompute/swap)")
     Options = LibraOptions
 
-    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[_Refiner]:
+    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[Refiner]:
         """The descents to run: the chosen policy's, plus, with ``portfolio``,
         in hybrid mode one per single policy and recompute-only mode's extra
         descents (a recompute-only plan is a hybrid plan); in recompute-only
@@ -476,7 +503,7 @@ class LibraSolver(Solver):
         the bulk move (:class:`_BulkSwapRefiner`; on larger ones it is a
         fallback, :meth:`_fallbacks`)."""
         o = self._resolved(problem)
-        refs = [_Refiner(problem, o)]
+        refs = [Refiner(problem, o)]
         if not o.portfolio:
             return refs
         if o.policy == "swap":
@@ -487,7 +514,7 @@ class LibraSolver(Solver):
             return refs
         if o.policy == "hybrid":   # (waits for copies out: only as set, or as a fallback, see _fallbacks)
             waits = bool(o.swap_waits)
-            refs += [_Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
+            refs += [Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
                      for pol in ("recompute", "swap")]
             if problem.num_nodes > self.POOL_MAX_NODES:
                 # large problems: the three descents and hybrid's with the other retain_inputs setting (each
@@ -495,7 +522,7 @@ class LibraSolver(Solver):
                 # without; ViT-B b128 at 0.3, 0.0350 with, 0.0302 without)
                 # It takes at most RETAIN_VARIANT_STEPS times the steps of the hybrid descent: where it
                 # needs many more, it is stalling (GPT-2 medium b8 at 0.3: 0.34 of the peak at its end).
-                variant = _Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs))
+                variant = Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs))
                 variant.capped_by = refs[0]
                 refs.append(variant)
                 return refs
@@ -504,10 +531,10 @@ class LibraSolver(Solver):
             o = dataclasses.replace(o, policy="recompute")
         base = refs[1] if self.options.policy == "hybrid" else refs[0]     # the recompute-only descent
         if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
-            refs.append(_Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
-        refs.append(_Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
+            refs.append(Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
+        refs.append(Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
         if o.windows == "auto" and base.mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
-            refs.append(_Refiner(problem, dataclasses.replace(o, windows="all")))
+            refs.append(Refiner(problem, dataclasses.replace(o, windows="all")))
         return refs
 
     def _bulk_ok(self, problem: RematProblem) -> bool:
@@ -526,8 +553,8 @@ class LibraSolver(Solver):
             o = dataclasses.replace(o, retain_inputs=problem.num_nodes <= self.RETAIN_INPUTS_MAX_NODES)
         return o
 
-    def _fallbacks(self, problem: RematProblem, refs: list[_Refiner], budgets: list[int],
-                   snaps: list[dict], force: bool = False) -> tuple[list[_Refiner], list[dict]]:
+    def _fallbacks(self, problem: RematProblem, refs: list[Refiner], budgets: list[int],
+                   snaps: list[dict], force: bool = False) -> tuple[list[Refiner], list[dict]]:
         """For the budgets no descent reached: descents without early
         regeneration, when some descent took an early regeneration (which
         holds memory and can end a greedy descent sooner), and, with
@@ -566,16 +593,16 @@ class LibraSolver(Solver):
                     return bulk, bulk_snaps
         more = []
         if any(ref.used_early for ref in refs):
-            more = [_Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
+            more = [Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
         main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
         if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
-            more.append(_Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
+            more.append(Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
         if (o.policy == "hybrid" and o.portfolio and o.swap_waits is None and problem.device.copies_overlap_compute
                 and not any(ref.allow_wait for ref in refs)):
             # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
             # every window with windows="auto": swap-only mode's own fallback, which reaches lowest)
             win = "all" if o.windows == "auto" else o.windows
-            ref = _Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
+            ref = Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
             if o.time_limit_s is None and problem.num_nodes > self.POOL_MAX_NODES:
                 # it takes many more steps than the others: on large problems, at most as long as they took
                 ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
@@ -586,7 +613,7 @@ class LibraSolver(Solver):
             ref.asked = set(missing)
         return more + bulk, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs)) + bulk_snaps
 
-    def _descend_all(self, refs: list[_Refiner], budgets: list[int], spent_s: float = 0.0) -> list[dict]:
+    def _descend_all(self, refs: list[Refiner], budgets: list[int], spent_s: float = 0.0) -> list[dict]:
         """Run the descents one after another towards ``budgets``.  With
         ``time_limit_s``, the limit is shared fairly: each descent may refine
         for an equal share of what is left of it (less ``spent_s``, seconds
@@ -750,7 +777,7 @@ class LibraSolver(Solver):
             return _BaselinePool(problem)
         return None
 
-    def _plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int,
+    def _plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int,
               pool: _BaselinePool | None = None, met_only: bool = False) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
@@ -762,7 +789,7 @@ class LibraSolver(Solver):
         baseline's that does (recompute-only mode: see ``LibraOptions.portfolio``).
         ``met_only``: only whether the budget is met (the tightening): the
         first plan found within it, without exchange moves or the passes
-        that only save time (``polish=False`` of ``_Refiner.prepare``), and
+        that only save time (``polish=False`` of ``Refiner.prepare``), and
         the baselines only where no descent meets it."""
         found = self._libra_plan(refs, snaps, budget, met_only)
         if met_only and found is not None:
@@ -793,7 +820,7 @@ class LibraSolver(Solver):
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))
 
-    def _libra_plan(self, refs: list[_Refiner], snaps: list[_Snapshot | None], budget: int, met_only: bool = False
+    def _libra_plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int, met_only: bool = False
                     ) -> RawSolution | None:
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
         polish = not met_only
@@ -805,28 +832,27 @@ class LibraSolver(Solver):
                 prepared = seen.get(key)
                 if prepared is None:
                     prepared = seen[key] = ref.prepare(snap, budget, exchange=False, polish=polish)
-                cands.append((prepared[0].added_s(), k, prepared))
+                cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
         if self.options.exchange and polish and cands:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
             # (the plans without them stay candidates: the estimate can drift from the simulation)
-            top = min(c[0] for c in cands)
-            for est, k, _ in list(cands):
+            top = min(c.estimate for c in cands)
+            for est, k, _, _ in list(cands):
                 if est <= top * (1 + self.EXCHANGE_SPAN):
                     prepared = refs[k].prepare(snaps[k], budget, exchange=True)
-                    if prepared[0].added_s() < est:
-                        cands.append((prepared[0].added_s(), k, prepared))
-        cands = [(est, k, prepared, "") for est, k, prepared in cands]
+                    if prepared.timeline.added_s() < est:
+                        cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
         best = self._cheapest(refs, snaps, cands, budget, met_only)
         if best is not None and self.options.switch and self.options.policy == "hybrid" and polish:
             # policy switches: only where a plan of the descents meets the budget (they change what a
             # plan costs, not which budgets are met: the tightening's stated minimum holds), and only a
             # switched plan cheaper than that plan once simulated replaces it
             found = self._cheapest(refs, snaps, self._switched(refs, cands, budget), budget, met_only,
-                                   below=best[0].simulation.added_s)
-            if found is not None and found[0].simulation.added_s < best[0].simulation.added_s:
+                                   below=best.plan.simulation.added_s)
+            if found is not None and found.plan.simulation.added_s < best.plan.simulation.added_s:
                 best = found
         if best is not None:
-            return self._raw(best[0], refs[best[1]].opts.policy + best[2])
+            return self._raw(best.plan, refs[best.descent].opts.policy + best.tag)
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
@@ -835,24 +861,25 @@ class LibraSolver(Solver):
                 return self._raw(plan, ref.opts.policy)
         # the end of a descent over the budget as it is can fit once the undo pass gives back the
         # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
+        last = None
         for ref in refs:
             final = ref.final()
             prepared = ref.prepare(final, budget, exchange=False, polish=False)
-            if prepared[0].peak()[0] <= budget:   # the passes that save time keep it within the budget
+            if prepared.timeline.peak()[0] <= budget:   # the passes that save time keep it within the budget
                 if polish:
                     prepared = ref.prepare(final, budget, exchange=False)
                 plan = ref.realize(prepared, final, budget)
-                if plan is not None and (best is None or plan.simulation.added_s < best[0].simulation.added_s):
-                    best = (plan, ref)
+                if plan is not None and (last is None or plan.simulation.added_s < last[0].simulation.added_s):
+                    last = (plan, ref)
                     if met_only:
                         break
-        if best is not None:
-            return self._raw(best[0], best[1].opts.policy)
+        if last is not None:
+            return self._raw(last[0], last[1].opts.policy)
         return None
 
     @staticmethod
-    def _state_key(ref: _Refiner, snap: _Snapshot) -> tuple:
-        """What :meth:`_Refiner.prepare` (without exchange moves) reads of a
+    def _state_key(ref: Refiner, snap: Snapshot) -> tuple:
+        """What :meth:`Refiner.prepare` (without exchange moves) reads of a
         descent and its snapshot: its class (the bulk move prepares its own
         way), the options but ``retain_inputs`` (a
         descent's own scoring), the window mode and the timeline's decisions
@@ -865,29 +892,28 @@ class LibraSolver(Solver):
                 tuple(sorted(tl.t_until.items())), tuple(sorted(tl.w_early.items())))
 
     @staticmethod
-    def _cheapest(refs: list[_Refiner], snaps: list[_Snapshot | None], cands: list[tuple], budget: int,
-                  met_only: bool, below: float = math.inf) -> tuple | None:
-        """Lower and simulate ``cands`` (``(estimate, descent, prepared, tag)``),
+    def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
+                  met_only: bool, below: float = math.inf) -> _Found | None:
+        """Lower and simulate ``cands``,
         cheapest estimate first, until one's estimate is no better than the
         cheapest simulated plan within ``budget`` or than ``below`` (seconds)
         (and is not pessimistic); with ``met_only``, until one is within it.
-        ``(plan, descent, tag)`` of the cheapest simulated plan, or ``None``."""
+        The cheapest simulated plan, or ``None``."""
         best = None
-        for est, k, prepared, tag in sorted(cands, key=lambda c: c[:2]):
-            top = min(below, best[0].simulation.added_s) if best is not None else below
-            if (best is not None and met_only) or (est >= top and not prepared[0].swap.pessimistic):
+        for est, k, prepared, tag in sorted(cands, key=lambda c: (c.estimate, c.descent)):
+            top = min(below, best.plan.simulation.added_s) if best is not None else below
+            if (best is not None and met_only) or (est >= top and not prepared.timeline.swap.pessimistic):
                 break   # its estimate is not pessimistic and already no better than a simulated plan
             plan = refs[k].realize(prepared, snaps[k], budget)
             if plan is None:
                 continue
-            if best is None or plan.simulation.added_s < best[0].simulation.added_s:
-                best = (plan, k, tag)
+            if best is None or plan.simulation.added_s < best.plan.simulation.added_s:
+                best = _Found(plan, k, tag)
         return best
 
-    def _switched(self, refs: list[_Refiner], cands: list[tuple], budget: int) -> list[tuple]:
+    def _switched(self, refs: list[Refiner], cands: list[_Candidate], budget: int) -> list[_Candidate]:
         """Policy switches (:func:`~libra_opt.solvers.libra.switch.switch_policies`)
-        on the cheapest estimated plan of each descent among ``cands``
-        (``(estimate, descent, prepared, tag)``), at most
+        on the cheapest estimated plan of each descent among ``cands``, at most
         :attr:`SWITCH_PLANS` of them, those with the fewest swaps first (the
         switches gain most where the copy queues are idle, and cost least:
         a swap moved re-replays the chains that read other swaps); a plan
@@ -897,20 +923,20 @@ class LibraSolver(Solver):
         estimated cheaper than the descents' simulated plan)."""
         first: dict[int, tuple] = {}
         shared: set[int] = set()   # prepared plans two descents share (_state_key): switched once
-        for c in sorted(cands, key=lambda c: c[:2]):
-            if c[1] not in first and id(c[2]) not in shared:
-                first[c[1]] = c
-                shared.add(id(c[2]))
-        plans = [(int((c[2][0].pol == SWAP).sum()), c) for c in first.values()]
-        plans.sort(key=lambda x: (x[0], x[1][:2]))
+        for c in sorted(cands, key=lambda c: (c.estimate, c.descent)):
+            if c.descent not in first and id(c.prepared) not in shared:
+                first[c.descent] = c
+                shared.add(id(c.prepared))
+        plans = [(int((c.prepared.timeline.pol == SWAP).sum()), c) for c in first.values()]
+        plans.sort(key=lambda x: (x[0], x[1].estimate, x[1].descent))
         out, cheapest = [], math.inf
         for swaps, (est, k, prepared, _) in plans[:self.SWITCH_PLANS]:
             if swaps and est > cheapest * (1 + self.SWITCH_SPAN):
                 continue
-            tl, records, taken = switch_policies(refs[k], prepared[0], prepared[1], budget)
+            tl, records, taken = switch_policies(refs[k], prepared.timeline, prepared.records, budget)
             cheapest = min(cheapest, est)
             if taken:
-                out.append((tl.added_s(), k, (tl, records, prepared[2]), "+switch"))
+                out.append(_Candidate(tl.added_s(), k, Prepared(tl, records, prepared.undone), "+switch"))
                 cheapest = min(cheapest, tl.added_s())
         return out
 
@@ -925,7 +951,7 @@ class LibraSolver(Solver):
         return RawSolution(schedule=sched, status=FEASIBLE, message=f"the {name} baseline's plan: {plan.message}",
                            extras=extras, simulation=sim)
 
-    def _raw(self, plan: _Plan, descent: str) -> RawSolution:
+    def _raw(self, plan: FinishedPlan, descent: str) -> RawSolution:
         decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
         est_peak = plan.timeline.peak()[0]
         tensors = plan.timeline.problem.tensors

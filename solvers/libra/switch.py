@@ -25,7 +25,7 @@ pass, on a prepared plan (:meth:`~libra_opt.solvers.libra.finish.Finisher.prepar
    queue time carries the storages that cost most to regenerate;
 3. both again while a round changes something or recomputed windows are
    left untried (at most :data:`MAX_ROUNDS`),
-   then the undo pass (:func:`~libra_opt.solvers.libra.exchange.undo_pass`).
+   then the undo pass (:func:`~libra_opt.solvers.libra.tidy.undo_pass`).
 
 Each switch is scored with :meth:`Timeline.evaluate
 <libra_opt.solvers.libra.estimate.Timeline.evaluate>` (chains and the whole
@@ -47,16 +47,15 @@ decision set); the copy-queue model is :mod:`libra_opt.solvers.libra.swaps`.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import NamedTuple
 
 from libra_opt.ir.units import format_seconds
 from libra_opt.passes.lowering import Policy
 
 from .estimate import REC, SWAP, Timeline
-from .exchange import undo_pass
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .refine import _Refiner
+from .records import HasProblem
+from .tidy import undo_pass
 
 #: ``Decision.reason`` of a decision whose policy this pass switched
 REASON_POLICY_SWITCH = "policy-switch"
@@ -71,11 +70,27 @@ MIN_GAIN = 1e-9
 
 
 
-def _switchable(ref: "_Refiner", tl: Timeline, j: int, policy: int) -> bool:
+@dataclass(slots=True)
+class _Switched:
+    """The plan as the switches taken so far left it."""
+    tl: Timeline       # the switched timeline (a copy once a switch is taken)
+    records: dict      # window id -> Decision
+    taken: int = 0     # switches taken
+
+
+class _Scored(NamedTuple):
+    """A recomputed window scored for a switch to a swap."""
+    cost_s: float       # the change of the plan's estimated added time (s, < 0)
+    window: int
+    eff: object         # Timeline.evaluate's effect
+    scored_on: Timeline  # the timeline it was scored on
+
+
+def _switchable(tl: Timeline, j: int, policy: int) -> bool:
     """Whether window ``j``, now under the other eviction policy, may move to
     ``policy``: its storage not retained and no other window of the storage
     under the other eviction policy (the descent's rule,
-    ``_Refiner._evaluate``).  A window ended at a chain that regenerates its
+    ``refine.Refiner._evaluate``).  A window ended at a chain that regenerates its
     storage (segment-wise regeneration) may become a swap that brings the
     storage back by then."""
     other = SWAP if policy == REC else REC
@@ -87,22 +102,22 @@ def _switchable(ref: "_Refiner", tl: Timeline, j: int, policy: int) -> bool:
     return not any(int(tl.pol[k]) == other for k in tl.s_win.get(s, ()) if k != j)
 
 
-def _swap_order(ref: "_Refiner", tl: Timeline, records: dict) -> list[int]:
+def _swap_order(ref: HasProblem, tl: Timeline, records: dict) -> list[int]:
     """Swapped windows to try moving to recomputation: most stall first, then
     the cheapest producer to recompute (at most :data:`MAX_SWAP_TRIES`)."""
     sw = tl.swap
     stall = dict(zip(sw.ids.tolist(), sw.stall_s.tolist()))
     rt = ref.problem.recompute_time
-    cand = [j for j in records if _switchable(ref, tl, j, REC)]
+    cand = [j for j in records if _switchable(tl, j, REC)]
     cand.sort(key=lambda j: (-stall.get(j, 0.0), float(rt[tl.w_prod[j]]), j))
     return cand[:MAX_SWAP_TRIES]
 
 
-def _rec_order(ref: "_Refiner", tl: Timeline, records: dict, skip: set) -> list[int]:
+def _rec_order(tl: Timeline, records: dict, skip: set) -> list[int]:
     """Recomputed windows (not in ``skip``) to try moving to a swap: the most
     expensive decisions first (recorded added time, chains included), at
     most :data:`MAX_REC_TRIES`."""
-    cand = [j for j in records if j not in skip and _switchable(ref, tl, j, SWAP)]
+    cand = [j for j in records if j not in skip and _switchable(tl, j, SWAP)]
     cand.sort(key=lambda j: (-records[j].added_s, j))
     return cand[:MAX_REC_TRIES]
 
@@ -130,13 +145,14 @@ def _record(records: dict, j: int, policy: int, eff, saved_s: float) -> None:
                                      reason=REASON_POLICY_SWITCH, detail=detail)
 
 
-def switch_policies(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict, int]:
+def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -> tuple[Timeline, dict, int]:
     """The policy switches (module docstring) on a prepared plan for ``budget``.
 
     Parameters
     ----------
-    ref : _Refiner
-        The descent the plan comes from (its ``problem`` and window ends).
+    ref : HasProblem
+        The descent the plan comes from (``refine.Refiner``); only its
+        ``problem`` is read.
     tl : Timeline
         The prepared timeline; not changed.
     records : dict
@@ -153,55 +169,57 @@ def switch_policies(ref: "_Refiner", tl: Timeline, records: dict, budget: int) -
     """
     if not records or not tl.overlap or int(tl.memory().max()) > budget:
         return tl, records, 0
-    state = {"tl": tl, "records": dict(records), "taken": 0}
+    state = _Switched(tl, dict(records))
     switched: set[int] = set()   # windows this pass moved: never moved back
     tried: set[int] = set()      # recomputed windows already scored for a swap
 
     def take(j: int, policy: int, eff) -> None:
-        new = state["tl"].copy()
+        """Move window ``j`` to ``policy`` on a copy of the plan, kept where the
+        estimated peak stays within the budget."""
+        new = state.tl.copy()
         before = new.added_s()
         new.apply(j, policy, eff)
         if int(new.memory().max()) > budget:   # after the swap layer's refresh: not taken
             return
-        _record(state["records"], j, policy, eff, before - new.added_s())
-        state["tl"] = new
+        _record(state.records, j, policy, eff, before - new.added_s())
+        state.tl = new
         switched.add(j)
-        state["taken"] += 1
+        state.taken += 1
 
     for _ in range(MAX_ROUNDS):
-        taken = state["taken"]
+        taken = state.taken
         # swap -> recompute: first improvement, most stall first
-        for j in _swap_order(ref, state["tl"], state["records"]):
+        for j in _swap_order(ref, state.tl, state.records):
             if j not in switched:
-                eff = _score(state["tl"], j, REC, budget)
+                eff = _score(state.tl, j, REC, budget)
                 if eff is not None:
                     take(j, REC, eff)
         # recompute -> swap: score a batch, then take the largest savings first (each scored again on
         # the timeline as it is by then: every swap taken uses copy-queue time the next may need)
-        work = state["tl"]
+        work = state.tl
         batch = []
-        order = _rec_order(ref, work, state["records"], tried | switched)
+        order = _rec_order(work, state.records, tried | switched)
         batch_left = len(order) == MAX_REC_TRIES   # more recomputed windows than one batch: the next round tries them
         for j in order:
             tried.add(j)
             eff = _score(work, j, SWAP, budget)
             if eff is not None:
-                batch.append((eff.cost_s, j, eff, work))
-        for _, j, eff, scored_on in sorted(batch, key=lambda b: b[:2]):
-            work = state["tl"]
+                batch.append(_Scored(eff.cost_s, j, eff, work))
+        for _, j, eff, scored_on in sorted(batch, key=lambda b: (b.cost_s, b.window)):
+            work = state.tl
             if work is not scored_on:
                 eff = _score(work, j, SWAP, budget)
-            if eff is not None and _switchable(ref, work, j, SWAP):
+            if eff is not None and _switchable(work, j, SWAP):
                 take(j, SWAP, eff)
-        if state["taken"] == taken and not batch_left:
+        if state.taken == taken and not batch_left:
             break
-    t2, r2 = state["tl"], state["records"]
-    if not state["taken"]:
+    t2, r2 = state.tl, state.records
+    if not state.taken:
         return tl, records, 0
     undo_pass(t2, r2, budget)
     if not t2.added_s() < tl.added_s() or int(t2.memory().max()) > budget:
         return tl, records, 0
-    return t2, r2, state["taken"]
+    return t2, r2, state.taken
 
 
 __all__ = ["switch_policies", "REASON_POLICY_SWITCH", "MAX_ROUNDS", "MAX_SWAP_TRIES", "MAX_REC_TRIES"]

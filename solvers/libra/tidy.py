@@ -1,0 +1,212 @@
+"""Estimate-only passes of the ``libra`` solver over a prepared plan (a
+timeline and its decision records, both changed in place), shared by the
+finish step (``finish.py``), the exchange moves (``exchange.py``) and the
+policy switches (``switch.py``):
+
+- :func:`undo_pass`: decisions the budget does not need are undone, most
+  expensive first;
+- :func:`fix_shrunk`: a window ended at a chain that no longer regenerates its
+  storage gets its own end back;
+- :func:`keep_regenerated`: segment-wise regeneration (Chen et al., "Training
+  Deep Nets with Sublinear Memory Cost", 2016, sec. 4.1): where a chain
+  regenerates an evicted storage before its own use, keep it from there;
+- :func:`retain_inputs`: where a chain regenerates a tensor freed after its
+  last use, keep that tensor resident until the chain instead (Checkmate's
+  S, Jain et al., MLSys 2020);
+- :func:`early_shift`: regenerate early and keep the chain's inputs only
+  until then (Checkmate's R at an earlier stage).
+
+Each reads and changes only the timeline and records it is given (and the
+problem and window ends it is told), never a descent's state.
+
+Source: Libra (Wang, NTHU 2024), the final pass of the greedy refinement that
+undoes decisions the budget no longer needs; the others as cited above.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from libra_opt.ir.problem import RematProblem
+
+from .estimate import KEEP, REC, Timeline
+
+#: the early shift (:func:`early_shift`) runs on problems of at most this many nodes
+EARLY_SHIFT_MAX_NODES = 64
+#: most chain positions the early shift tries per plan
+EARLY_SHIFT_MAX_TRIES = 32
+
+
+def undo_pass(tl: Timeline, records: dict, budget: int) -> int:
+    """Undo, most expensive first, every decision in ``records`` the budget
+    does not need (the estimated memory stays within ``budget`` bytes
+    without it); ``tl`` and ``records`` are changed in place.  Returns how
+    many were undone."""
+    undone = 0
+    mem = tl.memory()
+    for j in sorted(records, key=lambda k: (-records[k].added_s, -records[k].step)):
+        # quick test first: the storage back over its whole off range must fit
+        if tl.pol[j] == REC:
+            lo, hi = int(tl.w_a[j]) + 1, int(tl.w_b[j]) - 1
+        else:
+            lo, hi = int(tl.sw_r0[j]), int(tl.sw_pos[j])
+        if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.w_bytes[j]) > budget:
+            continue
+        eff = tl.evaluate(j, KEEP)
+        if eff.feasible and eff.raised_max <= budget:
+            tl.apply(j, KEEP, eff)
+            del records[j]
+            undone += 1
+            mem = tl.memory()
+    return undone
+
+
+def fix_shrunk(tl: Timeline, records: dict, orig_b: np.ndarray) -> None:
+    """A window that ends where a chain regenerates its storage keeps that
+    end only while the chain still does; otherwise it gets its own window
+    back (the storage is then recomputed at its own use).  ``orig_b``:
+    ``(windows,)`` int64, each window's own end (the descent's
+    ``orig_b``); ``tl`` and ``records`` are changed in place."""
+    for _ in range(4):
+        broken = []
+        for j in np.flatnonzero((tl.w_b != orig_b) & (tl.pol == REC)).tolist():
+            s, q = int(tl.w_s[j]), int(tl.w_b[j])
+            ch = tl.chains.get(q)
+            if ch is None or not any(tl.t_storage[t] == s for t in ch.made):
+                broken.append(j)
+        if not broken:
+            return
+        for j in broken:
+            s, b = int(tl.w_s[j]), int(orig_b[j])
+            tl.apply(j, KEEP)
+            tl.set_before(j, b, tl.tensors_read_at(s, b))
+            tl.apply(j, REC)
+            if j in records:
+                records[j] = dataclasses.replace(records[j], before=b)
+
+
+def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
+    """Where a recomputation chain regenerates an evicted storage before its
+    own use, keep it from there instead of recomputing it again later
+    (Chen et al.'s segment-wise regeneration), when the budget allows and
+    it saves time: the window ends at that chain, the earliest such chain
+    after which the storage fits under the budget.  Returns how many."""
+    done = 0
+    for j in sorted((k for k in records if tl.pol[k] == REC), key=lambda k: -int(tl.w_a[k])):
+        s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+        qs = [q for q in tl.touch.get(s, ()) if a < q < b and q in tl.chains
+              and any(tl.t_storage[t] == s for t in tl.chains[q].made)]
+        for q in sorted(qs):   # the earliest chain first (most saved); a later one where that does not fit
+            if int(tl.memory()[q:b].max()) + int(tl.w_bytes[j]) > budget:
+                continue
+            made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
+            cost = tl.added_s()
+            old = tl.window_state(j)
+            with tl.recording() as journal:
+                tl.move_end(j, q, made)
+            if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
+                records[j] = dataclasses.replace(records[j], before=q)
+                done += 1
+                break
+            tl.move_end(j, state=old, replay=False)   # no gain or over budget: back to the window it had
+            tl.restore_chains(journal)
+    if done and tl.swap.ids.size:
+        tl.refresh_swaps()
+    return done
+
+
+def retain_inputs(tl: Timeline, budget: int) -> int:
+    """Where a recomputation chain regenerates a tensor that was freed after
+    its last use (not evicted: on a single-phase graph, the inputs of an
+    evicted tensor's producer), keep that tensor resident until the chain
+    instead, when the budget allows and it saves time: Checkmate's S
+    matrix holding a value across stages, which cuts the chain short.
+    Most saving first (the producer's time); each is checked on the
+    timeline and taken back if it goes over budget or saves nothing.
+    Returns how many were kept."""
+    cands = []
+    for q, ch in tl.chains.items():
+        if ch is None:
+            continue
+        for t in ch.made:
+            if tl.t_last_eff[t] < q and tl.retainable(t):
+                cands.append((-tl.n_time[tl.t_prod[t]], q, t))
+    if not cands:
+        return 0
+    cands.sort()
+    done = 0
+    mem = tl.memory()
+    for _, q, t in cands:
+        ch = tl.chains.get(q)
+        if ch is None or t not in ch.made or tl.t_last_eff[t] >= q:
+            continue   # an earlier retention changed this chain
+        s = tl.t_storage[t]
+        end = tl._storage_end(s)
+        held = int(tl.t_nbytes[s]) if tl.t_act[s] else 0   # a view of an input: its storage stays resident
+        if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
+            continue
+        cost, old = tl.added_s(), tl.t_until.get(t)
+        with tl.recording() as journal:
+            tl.retain(t, q)
+        mem = tl.memory()
+        if int(mem.max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
+            done += 1
+            continue
+        tl.retain(t, old, replay=False)   # over budget or no gain: as it was
+        tl.restore_chains(journal)
+        mem = tl.memory()
+    if done and tl.swap.ids.size:
+        tl.refresh_swaps()
+    return done
+
+
+def early_shift(problem: RematProblem, orig_b: np.ndarray, tl: Timeline, records: dict, budget: int
+                ) -> tuple[Timeline, dict]:
+    """Regenerate early and keep the inputs together: for a recomputed
+    window whose chain keeps inputs of the storage's producer resident
+    until it (retentions), try the chain at each earlier position ``q``
+    inside the window, with those inputs kept only until ``q``, then the
+    undo pass; the cheapest such plan within ``budget`` (estimate) is
+    kept (Checkmate's R regenerating a value at any stage before its use
+    while S frees its inputs sooner).  Problems of at most
+    :data:`EARLY_SHIFT_MAX_NODES` nodes; at most
+    :data:`EARLY_SHIFT_MAX_TRIES` positions per plan.  ``orig_b``:
+    ``(windows,)`` int64, each window's own end; ``budget`` in bytes.
+    Returns the timeline and records (new objects where a shift was taken;
+    ``tl`` and ``records`` themselves otherwise, unchanged)."""
+    if problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.t_until or len(records) < 2:
+        return tl, records   # a shift gains through the undo pass: another decision to give back
+    tries = 0
+    for j in sorted(k for k in records if tl.pol[k] == REC):
+        s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+        if b != int(orig_b[j]) or j not in records:
+            continue
+        rets = [t for t in problem.nodes[tl.t_prod[s]].inputs if tl.t_until.get(t) == b]
+        if not rets:
+            continue
+        first = tl.tensors_read_at(s, b)
+        best = None
+        for q in range(b - 1, a + 1, -1):
+            if tries >= EARLY_SHIFT_MAX_TRIES:
+                break
+            tries += 1
+            t2, r2 = tl.copy(), dict(records)
+            t2.move_end(j, q, first)
+            for t in rets:
+                t2.retain(t, q if q > t2.t_last[t] else None)
+            if int(t2.memory().max()) > budget:
+                continue
+            undo_pass(t2, r2, budget)
+            if j in r2 and t2.added_s() < (best[0] if best else tl).added_s() * (1 - 1e-12):
+                r2[j] = dataclasses.replace(r2[j], before=q)
+                best = (t2, r2)
+        if best is not None:
+            tl, records = best
+            if tl.swap.ids.size:
+                tl.refresh_swaps()
+    return tl, records
+
+
+__all__ = ["undo_pass", "fix_shrunk", "keep_regenerated", "retain_inputs", "early_shift",
+           "EARLY_SHIFT_MAX_NODES", "EARLY_SHIFT_MAX_TRIES"]

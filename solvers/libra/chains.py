@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_LIVE, _MISSING, _ARRIVING = 0, 1, 2
+from .codes import ARRIVING, LIVE, MISSING
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class ChainReplay:
         missing = []
         for t in needed:
             v = cache[t] = st(t, q)
-            if v != _LIVE:
+            if v != LIVE:
                 missing.append(t)
         if not missing:
             return None
@@ -99,18 +99,18 @@ class ChainReplay:
             v = cache.get(t)
             if v is None:
                 v = cache[t] = st(t, q)
-            if v == _LIVE:
+            if v == LIVE:
                 continue
             state[t] = 1
             stack.append((t, True))
-            sw = swapped[t] = t == tsto[t] and (v == _ARRIVING or has_swap(t))
+            sw = swapped[t] = t == tsto[t] and (v == ARRIVING or has_swap(t))
             if not sw:
                 for u in reversed(n_inputs[t_prod[t]]):
                     if u not in state:
                         v = cache.get(u)
                         if v is None:
                             v = cache[u] = st(u, q)
-                        if v != _LIVE:
+                        if v != LIVE:
                             stack.append((u, False))
         pending: dict[int, int] = {}
         steps = []
@@ -144,17 +144,17 @@ class ChainReplay:
         def allocated_before(s):
             """Storage ``s`` was allocated before the chain (a tensor of it live, or, for an activation,
             arriving); cached in ``pre_alloc``, whose lookup the loop below does inline."""
-            v = pre_alloc[s] = any(stc(u) == _LIVE for u in views[s]) or (
-                t_act[s] and any(stc(u) == _ARRIVING for u in views[s]))
+            v = pre_alloc[s] = any(stc(u) == LIVE for u in views[s]) or (
+                t_act[s] and any(stc(u) == ARRIVING for u in views[s]))
             return v
 
         # the closures of the earlier version (live / add / drop) are inlined below, and the cache lookup of
         # allocated_before: this loop runs for every candidate evaluation of the descents and the finish
         for sw, x in steps:
             if sw:
-                if x in resident or stc(x) == _LIVE:
+                if x in resident or stc(x) == LIVE:
                     continue
-                if stc(x) == _ARRIVING:   # waits for its prefetch in flight: allocated already
+                if stc(x) == ARRIVING:   # waits for its prefetch in flight: allocated already
                     waits.append((x, time_s))
                     resident.add(x)
                     made.add(x)
@@ -168,7 +168,7 @@ class ChainReplay:
                 new = []
                 transient = n_ws[x]
                 for t in outs:
-                    if t in resident or stc(t) == _LIVE:
+                    if t in resident or stc(t) == LIVE:
                         transient += nb[t]
                     else:
                         new.append(t)

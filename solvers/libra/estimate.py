@@ -43,46 +43,17 @@ incremental re-simulation of the greedy refinement; the lowering rules of
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
 from libra_opt.passes.lowering import Eviction, Policy
 from libra_opt.ir.problem import ACTIVATION, RematProblem
 
-from .chains import _ARRIVING, _LIVE, _MISSING, Chain, ChainReplay
-from .reshape import KEEP, REC, SWAP, Reshaper
+from .chains import Chain, ChainReplay
+from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
+from .records import Effect
+from .reshape import Reshaper
 from .swaps import SwapLayer, SwapPlanner
-NEG = -(1 << 62)
-
-
-@dataclass
-class Effect:
-    """What applying or undoing one decision would do (from :meth:`Timeline.evaluate`).
-
-    Attributes
-    ----------
-    cost_s : float
-        Added step time (s): chain time plus stalls, all chains that change included.
-    chains : dict
-        Regeneration point -> new :class:`Chain` (``None``: the chain disappears).
-    swap : SwapLayer or None
-        The new swap layer if swaps change.
-    raised_max : int
-        Largest new memory value among the points that go up (``NEG`` if none).
-    raised_at : int
-        Position of ``raised_max``.
-    feasible : bool
-    """
-
-    cost_s: float
-    chains: dict
-    swap: SwapLayer | None
-    raised_max: int
-    raised_at: int
-    feasible: bool = True
-    floor: int = 0
-    wait: int = -1
 
 
 class Timeline(ChainReplay, SwapPlanner, Reshaper):
@@ -311,9 +282,9 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
     def _st(self, t: int, q: int) -> int:
         """State of tensor ``t`` just before position ``q``'s chain."""
         if not self.t_act[t]:
-            return _LIVE
+            return LIVE
         if not self.t_out[t] and self.t_last_eff[t] < q:
-            return _MISSING
+            return MISSING
         s = self.t_storage[t]
         ws = self.s_win.get(s, ())
         h = self._hyp
@@ -326,9 +297,9 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
                 continue
             if w_a[j] < q <= w_hi[j].get(t, -1):
                 if pol == SWAP and t == s and q > self._prefetch_pos(j):
-                    return _ARRIVING
-                return _MISSING
-        return _LIVE
+                    return ARRIVING
+                return MISSING
+        return LIVE
 
     def _storage_off(self, s: int, q: int) -> bool:
         """The lowering's ``_is_off``: storage ``s`` meant to be off at the end of ``q``."""

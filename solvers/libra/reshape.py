@@ -21,10 +21,9 @@ rules.
 """
 from __future__ import annotations
 
-from libra_opt.passes.lowering import Policy, Retain
+from libra_opt.passes.lowering import Retain
 
-#: window policies of the estimate, as ints (:attr:`Policy.code`) for its int8 arrays and hot loops
-KEEP, REC, SWAP = Policy.KEEP.code, Policy.RECOMPUTE.code, Policy.SWAP.code
+from .codes import KEEP, REC
 
 
 class Reshaper:

@@ -33,6 +33,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .codes import KEEP, NEG, SWAP
+from .records import Effect
+
 
 @dataclass(frozen=True)
 class SwapLayer:
@@ -261,7 +264,6 @@ class SwapPlanner:
         (``torch.autograd.graph.save_on_cpu``) would be with synchronous
         copies both ways (vDNN, Rhu et al., MICRO 2016, sec. III, without
         its prefetch)."""
-        from .estimate import SWAP   # estimate imports this module
         ids = [int(j) for j in ids if self.pol_l[int(j)] == 0 and int(self.w_b[j]) - int(self.w_a[j]) >= 2]
         if not ids or not self.overlap:
             return 0
@@ -272,7 +274,6 @@ class SwapPlanner:
         """Set several windows at once, ``(window, policy, floor, wait)`` each
         (swap or keep), then replan the swap layer and the chains they touch
         once (what :meth:`apply` per window would give, in one replay)."""
-        from .estimate import NEG, SWAP, Effect   # estimate imports this module
         pts: set[int] = set()
         for j, pol, fl, wt in changes:
             pts |= self._affected(j)
@@ -301,7 +302,6 @@ class SwapPlanner:
         :meth:`swap_bulk`, where every swap holds the least memory it can.
         Nothing is given back where the model is over ``budget`` already.
         Returns the windows given back (set to keep)."""
-        from .estimate import KEEP, SWAP   # estimate imports this module
         if self.peak()[0] > budget:   # no batch could be kept (each is checked against the budget)
             return []
         order = self.swap.ids[np.argsort(self.w_b[self.swap.ids], kind="stable")].tolist()

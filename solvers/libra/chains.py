@@ -17,7 +17,7 @@ state's hypothetical decision ``st.hyp`` (a
 ``Timeline.evaluate`` replays): nothing here writes the state.
 
 Source: Checkmate's plan generation (Jain et al., MLSys 2020, sec. 4.5) for
-recomputation with freeing, as implemented by :mod:`libra_opt.lowering`.
+recomputation with freeing, as implemented by :mod:`libra_opt.passes.lowering`.
 """
 from __future__ import annotations
 

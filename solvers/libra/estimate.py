@@ -67,13 +67,14 @@ from libra_opt.passes.lowering import Eviction, Policy, Retain
 from . import reshape, swaps
 from .chains import Chain, affected, chain_at, early_targets
 from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
-from .records import Effect, Hypothesis
+from .records import EarlyEnd, Effect, Hypothesis, WindowEnd
 from .reshape import chain_held_bytes, storage_end
 from .state import FIELD_DOCS, FIELDS, TimelineState
 from .swaps import SwapLayer, start_times, swap_layer
 from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
-__all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "KEEP", "REC", "SWAP", "NEG", "LIVE", "MISSING", "ARRIVING"]
+__all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
+           "KEEP", "REC", "SWAP", "NEG", "LIVE", "MISSING", "ARRIVING"]
 
 
 class Timeline:
@@ -485,15 +486,15 @@ class Timeline:
             Window ``j`` has a decision."""
         reshape.set_before(self.tables, self.windows, self.state, j, q, regenerated)
 
-    def window_state(self, j: int) -> tuple:
+    def window_state(self, j: int) -> WindowEnd:
         """The end of window ``j`` (for :meth:`move_end` back to it)."""
         return reshape.window_state(self.state, j)
 
-    def move_window_back(self, j: int, state: tuple) -> None:
+    def move_window_back(self, j: int, state: WindowEnd) -> None:
         """Put back the end of a *kept* window saved by :meth:`window_state`."""
         reshape.move_window_back(self.state, j, state)
 
-    def move_end(self, j: int, q: int | None = None, regenerated=(), state: tuple | None = None,
+    def move_end(self, j: int, q: int | None = None, regenerated=(), state: WindowEnd | None = None,
                  replay: bool = True) -> None:
         """Move the end of recomputed window ``j`` to position ``q`` (as
         :meth:`set_before`), or back to a ``state`` from :meth:`window_state`,

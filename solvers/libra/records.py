@@ -1,6 +1,7 @@
 """Named records of the ``libra`` estimate: what an evaluation returns
 (:class:`Effect`), the hypothetical decision a chain replay is asked about
-(:class:`Hypothesis`) and an early window end (:class:`EarlyEnd`).
+(:class:`Hypothesis`), an early window end (:class:`EarlyEnd`) and a saved
+window end (:class:`WindowEnd`).
 
 This module imports no other module of the estimate, so every one of them can
 use these records (annotations naming ``SwapLayer`` or ``Chain`` are strings:
@@ -49,7 +50,7 @@ class Effect:
     wait: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Hypothesis:
     """The decision a chain replay is asked about without it being applied
     (``Timeline.evaluate`` sets it for the duration of its replays).
@@ -65,6 +66,9 @@ class Hypothesis:
     prefetch : dict or None
         Swap window id -> position after which its swap-in is issued under the
         hypothesis (the new swap layer's), or ``None`` when swaps do not change.
+
+    Not frozen: a frozen dataclass takes about 3x as long to build, and one
+    is built per evaluation (read speed is a tuple's; measured with timeit).
     """
 
     window: int
@@ -90,3 +94,26 @@ class EarlyEnd(NamedTuple):
 
     at: int
     tensors: tuple
+
+
+class WindowEnd(NamedTuple):
+    """The end of one window as ``Timeline.window_state`` saves it, for
+    ``Timeline.move_end(..., state=)`` or ``Timeline.move_window_back`` to
+    put back.
+
+    Attributes
+    ----------
+    before : int
+        The window's end (position of the chain that regenerates it).
+    hi : dict
+        Tensor -> last position it is off for (``tables.window_hi``).
+    points : tuple of int
+        The window's regeneration points, ascending.
+    max_hi : int
+        Its last regeneration point.
+    """
+
+    before: int
+    hi: dict
+    points: tuple
+    max_hi: int

@@ -31,7 +31,7 @@ from libra_opt.passes.lowering import Retain
 
 from .chains import affected
 from .codes import KEEP, REC
-from .records import EarlyEnd
+from .records import EarlyEnd, WindowEnd
 from .tables import window_hi
 
 
@@ -65,19 +65,18 @@ def set_before(pt, wt, st, j: int, q: int, regenerated) -> None:
     set_end(pt, wt, st, j, q, regenerated)
 
 
-def window_state(st, j: int) -> tuple:
-    """The end of window ``j``: ``(end position, reach dict, regeneration
-    points, last point)``, for :func:`move_window_back` / :func:`move_end`."""
-    return int(st.w_b[j]), st.w_hi[j], st.w_pts[j], int(st.w_maxhi[j])
+def window_state(st, j: int) -> WindowEnd:
+    """The end of window ``j``, for :func:`move_window_back` / :func:`move_end`."""
+    return WindowEnd(int(st.w_b[j]), st.w_hi[j], st.w_pts[j], int(st.w_maxhi[j]))
 
 
-def move_window_back(st, j: int, saved: tuple) -> None:
+def move_window_back(st, j: int, saved: WindowEnd) -> None:
     """Put back the end of a *kept* window saved by :func:`window_state`
     (after trying another end with :func:`set_before`)."""
     st.w_b[j], st.w_hi[j], st.w_pts[j], st.w_maxhi[j] = saved
 
 
-def move_end(pt, wt, st, j: int, q: int | None = None, regenerated=(), saved: tuple | None = None) -> set[int]:
+def move_end(pt, wt, st, j: int, q: int | None = None, regenerated=(), saved: WindowEnd | None = None) -> set[int]:
     """Move the end of recomputed window ``j`` to position ``q`` (as
     :func:`set_before`), or back to ``saved`` from :func:`window_state`, and
     update the memory points (``st.R_rec``, ``st.C``, bytes).  Returns the

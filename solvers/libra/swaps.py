@@ -3,7 +3,7 @@ swap-in is issued, when its copies end, what it stalls and what it takes off
 the memory timeline, as a whole, vectorized over the swaps.
 
 - copies out are serialized on the device-to-host queue in issue order (right
-  after each producer, as :func:`~libra_opt.lowering.lower` emits them);
+  after each producer, as :func:`~libra_opt.passes.lowering.lower` emits them);
 - prefetches are planned backwards from each use on the host-to-device queue
   (queue-aware, the lowering's ``prefetch="auto"``), earlier where a chain in
   the window reads the storage, later where a decision delays them on purpose;
@@ -35,7 +35,7 @@ not imported: this module is below it) and use its public operations
 (``apply``, ``affected``, ``install_swaps``, ``replay``, ``refresh_swaps``,
 ``peak``, ``memory``, ``added_s``).
 
-Source: the simulator's copy-queue rules (:mod:`libra_opt.simulator`) and the
+Source: the simulator's copy-queue rules (:mod:`libra_opt.passes.simulator`) and the
 lowering's prefetch rule; Libra (Wang, NTHU 2024) for hiding transfers behind
 compute.
 """

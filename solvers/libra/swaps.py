@@ -345,7 +345,7 @@ def swap_bulk(tl, ids) -> int:
     its prefetch)."""
     st, wt = tl.state, tl.windows
     pol_l, w_a, w_b = st.pol_l, wt.w_a, st.w_b
-    ids = [int(j) for j in ids if pol_l[int(j)] == 0 and int(w_b[j]) - int(w_a[j]) >= 2]
+    ids = [int(j) for j in ids if pol_l[int(j)] == KEEP and int(w_b[j]) - int(w_a[j]) >= 2]
     if not ids or not tl.tables.overlap:
         return 0
     set_many(tl, [(j, SWAP, int(w_b[j]) - 1, int(w_a[j]) + 1) for j in ids])

@@ -177,12 +177,13 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
         return None
     tsto = pt.t_storage
     t_prod = pt.t_prod
-    state: dict[int, int] = {}
+    visited: set[int] = set()       # tensors the post-order walk has reached
     order: list[tuple[bool, int]] = []   # (is_swap, tensor or node)
     stack = [(t, False) for t in reversed(missing)]
     swapped: dict[int, bool] = {}  # tensor -> comes back by swap-in (else by recomputation)
 
     def stc(t):
+        """State of tensor ``t`` before this chain, cached."""
         v = cache.get(t)
         if v is None:
             v = cache[t] = tstate(pt, wt, st, t, q)
@@ -192,21 +193,20 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
         t, done = stack.pop()
         if done:
             order.append((True, t) if swapped[t] else (False, t_prod[t]))
-            state[t] = 2
             continue
-        if t in state:
+        if t in visited:
             continue
         v = cache.get(t)
         if v is None:
             v = cache[t] = tstate(pt, wt, st, t, q)
         if v == LIVE:
             continue
-        state[t] = 1
+        visited.add(t)
         stack.append((t, True))
         sw = swapped[t] = t == tsto[t] and (v == ARRIVING or has_swap(st, t))
         if not sw:
             for u in reversed(n_inputs[t_prod[t]]):
-                if u not in state:
+                if u not in visited:
                     v = cache.get(u)
                     if v is None:
                         v = cache[u] = tstate(pt, wt, st, u, q)

@@ -1,20 +1,29 @@
 """Recomputation chains of the ``libra`` estimate: what the lowering runs
 before a node that reads evicted tensors, replayed on the model's state.
 
-:meth:`ChainReplay.chain_at` mirrors ``lowering._Lowerer._regenerate``: the
-same post-order over the missing tensors, the same choice between recomputing
-and swapping in (a base storage with a swap decision comes back by swap), the
-same freeing of chain temporaries, and the simulator's memory rules (outputs
+:func:`chain_at` mirrors the lowering's on-demand regeneration
+(``_Lowerer._regenerate`` in :mod:`libra_opt.passes.lowering`): the same
+post-order over the missing tensors, the same choice between recomputing and
+swapping in (a base storage with a swap decision comes back by swap), the same
+freeing of chain temporaries, and the simulator's memory rules (outputs
 allocated at compute start, already-resident outputs and workspace transient).
 
+Everything here is a function of the static tables (``pt``: per problem,
+``wt``: per window; :mod:`solvers/libra/tables.py
+<libra_opt.solvers.libra.tables>`) and the timeline's state (``st``:
+:class:`~libra_opt.solvers.libra.state.TimelineState`), read under the
+state's hypothetical decision ``st.hyp`` (a
+:class:`~libra_opt.solvers.libra.timeline_records.Hypothesis`, set while
+``Timeline.evaluate`` replays): nothing here writes the state.
+
 Source: Checkmate's plan generation (Jain et al., MLSys 2020, sec. 4.5) for
-recomputation with freeing, as implemented by :mod:`libra_opt.lowering`.
+recomputation with freeing, as implemented by :mod:`libra_opt.passes.lowering`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-_LIVE, _MISSING, _ARRIVING = 0, 1, 2
+from .codes import ARRIVING, KEEP, LIVE, MISSING, REC, SWAP
 
 
 @dataclass(frozen=True)
@@ -52,171 +61,273 @@ class Chain:
     made: tuple = ()
 
 
-class ChainReplay:
-    """Mixin of :class:`~libra_opt.solvers.libra_estimate.Timeline`: recomputation chains."""
+def policy_of(st, j: int) -> int:
+    """Policy of window ``j`` (``KEEP``, ``REC``, ``SWAP``), the hypothesis's if it is about ``j``."""
+    h = st.hyp
+    if h is not None and h.window == j:
+        return h.policy
+    return st.pol_l[j]
 
-    def chain_at(self, q: int) -> Chain | None:
-        """The recomputation chain before node ``q`` under the current (or
-        hypothetical) decisions; ``None`` if node ``q`` needs nothing.  Mirrors
-        ``lowering._Lowerer._regenerate``."""
-        st = self._st
-        n_inputs = self.n_inputs
-        needed = n_inputs[q]
-        if q in self.early_at:
-            extra = self.early_targets(q)
-            if extra:
-                needed = (*needed, *extra)
-        cache: dict[int, int] = {}     # tensor -> state before this chain
-        missing = []
-        for t in needed:
-            v = cache[t] = st(t, q)
-            if v != _LIVE:
-                missing.append(t)
-        if not missing:
-            return None
-        tsto = self.t_storage
-        t_prod = self.t_prod
-        has_swap = self._has_swap
-        state: dict[int, int] = {}
-        order: list[tuple[bool, int]] = []   # (is_swap, tensor or node)
-        stack = [(t, False) for t in reversed(missing)]
-        swapped: dict[int, bool] = {}  # tensor -> comes back by swap-in (else by recomputation)
 
-        def stc(t):
-            v = cache.get(t)
-            if v is None:
-                v = cache[t] = st(t, q)
-            return v
+def windows_of(st, s: int):
+    """Windows of storage ``s`` with a decision, the hypothesis's window included."""
+    ws = st.s_win.get(s, ())
+    h = st.hyp
+    if h is not None and h.storage == s and h.window not in ws:
+        return (*ws, h.window)
+    return ws
 
-        while stack:
-            t, done = stack.pop()
-            if done:
-                order.append((True, t) if swapped[t] else (False, t_prod[t]))
-                state[t] = 2
+
+def prefetch_pos(st, j: int) -> int:
+    """Position after which swap window ``j``'s swap-in is issued (the hypothesis's swap layer's, if any)."""
+    h = st.hyp
+    if h is not None and h.prefetch is not None and j in h.prefetch:
+        return h.prefetch[j]
+    return st.pos[j]
+
+
+def tensor_state(pt, wt, st, t: int, q: int) -> int:
+    """State of tensor ``t`` just before position ``q``'s chain: ``LIVE``,
+    ``MISSING`` (off the device: regenerate it) or ``ARRIVING`` (a swapped
+    base storage whose swap-in was issued before ``q``)."""
+    if not pt.t_act[t]:
+        return LIVE
+    if not pt.t_out[t] and st.t_last_eff[t] < q:
+        return MISSING
+    s = pt.t_storage[t]
+    ws = st.s_win.get(s, ())
+    h = st.hyp
+    if h is not None and h.storage == s and h.window not in ws:
+        ws = (*ws, h.window)
+    pol_l, w_a, w_hi = st.pol_l, wt.w_a_l, st.w_hi
+    for j in ws:
+        pol = h.policy if h is not None and h.window == j else pol_l[j]
+        if pol == KEEP:
+            continue
+        if w_a[j] < q <= w_hi[j].get(t, -1):
+            if pol == SWAP and t == s and q > prefetch_pos(st, j):
+                return ARRIVING
+            return MISSING
+    return LIVE
+
+
+def storage_off(wt, st, s: int, q: int) -> bool:
+    """Storage ``s`` is meant to be off the device at the end of position
+    ``q`` (the lowering's ``_is_off``): inside a recomputed window before
+    its end, or a swapped one before its swap-in is issued."""
+    w_a, w_b = wt.w_a_l, st.w_b
+    for j in windows_of(st, s):
+        pol = policy_of(st, j)
+        if pol == REC and w_a[j] <= q <= w_b[j] - 1:
+            return True
+        if pol == SWAP and w_a[j] <= q <= prefetch_pos(st, j) - 1:
+            return True
+    return False
+
+
+def has_swap(st, s: int) -> bool:
+    """Some window of storage ``s`` is swapped (under the hypothesis, if any)."""
+    ws = st.s_win.get(s)
+    h = st.hyp
+    pol_l = st.pol_l
+    if h is not None and h.storage == s:
+        return h.policy == SWAP or any(pol_l[j] == SWAP for j in ws or () if j != h.window)
+    if ws:
+        for j in ws:
+            if pol_l[j] == SWAP:
+                return True
+    return False
+
+
+def early_targets(st, q: int) -> list[int]:
+    """Tensors regenerated before node ``q`` although it does not read
+    them: those of recomputed windows that end early at ``q``
+    (``st.w_early``, set by :mod:`.reshape`)."""
+    js = st.early_at.get(q)
+    if not js:
+        return []
+    out = []
+    for j in sorted(js):
+        e = st.w_early.get(j)
+        if e is not None and e.at == q and st.w_b[j] == q and policy_of(st, j) == REC:
+            out.extend(e.tensors)
+    return out
+
+
+def chain_at(pt, wt, st, q: int) -> Chain | None:
+    """The recomputation chain before node ``q`` under the state's current
+    (or hypothetical, ``st.hyp``) decisions; ``None`` if node ``q`` needs
+    nothing.  Times in seconds (recompute times ``pt.n_rtime``, synchronous
+    swap-ins at ``pt.h2d`` bytes/s times ``1 + wt.margin``), memory in
+    bytes.  Mirrors the lowering's ``_Lowerer._regenerate``."""
+    n_inputs = pt.n_inputs
+    needed = n_inputs[q]
+    if q in st.early_at:
+        extra = early_targets(st, q)
+        if extra:
+            needed = (*needed, *extra)
+    cache: dict[int, int] = {}     # tensor -> state before this chain
+    missing = []
+    tstate = tensor_state
+    for t in needed:
+        v = cache[t] = tstate(pt, wt, st, t, q)
+        if v != LIVE:
+            missing.append(t)
+    if not missing:
+        return None
+    tsto = pt.t_storage
+    t_prod = pt.t_prod
+    visited: set[int] = set()       # tensors the post-order walk has reached
+    order: list[tuple[bool, int]] = []   # (is_swap, tensor or node)
+    stack = [(t, False) for t in reversed(missing)]
+    swapped: dict[int, bool] = {}  # tensor -> comes back by swap-in (else by recomputation)
+
+    def stc(t):
+        """State of tensor ``t`` before this chain, cached."""
+        v = cache.get(t)
+        if v is None:
+            v = cache[t] = tstate(pt, wt, st, t, q)
+        return v
+
+    while stack:
+        t, done = stack.pop()
+        if done:
+            order.append((True, t) if swapped[t] else (False, t_prod[t]))
+            continue
+        if t in visited:
+            continue
+        v = cache.get(t)
+        if v is None:
+            v = cache[t] = tstate(pt, wt, st, t, q)
+        if v == LIVE:
+            continue
+        visited.add(t)
+        stack.append((t, True))
+        sw = swapped[t] = t == tsto[t] and (v == ARRIVING or has_swap(st, t))
+        if not sw:
+            for u in reversed(n_inputs[t_prod[t]]):
+                if u not in visited:
+                    v = cache.get(u)
+                    if v is None:
+                        v = cache[u] = tstate(pt, wt, st, u, q)
+                    if v != LIVE:
+                        stack.append((u, False))
+    pending: dict[int, int] = {}
+    steps = []
+    seen = set()
+    for sw, x in order:
+        if not sw:
+            if x in seen:
                 continue
-            if t in state:
-                continue
-            v = cache.get(t)
-            if v is None:
-                v = cache[t] = st(t, q)
-            if v == _LIVE:
-                continue
-            state[t] = 1
-            stack.append((t, True))
-            sw = swapped[t] = t == tsto[t] and (v == _ARRIVING or has_swap(t))
-            if not sw:
-                for u in reversed(n_inputs[t_prod[t]]):
-                    if u not in state:
-                        v = cache.get(u)
-                        if v is None:
-                            v = cache[u] = st(u, q)
-                        if v != _LIVE:
-                            stack.append((u, False))
-        pending: dict[int, int] = {}
-        steps = []
-        seen = set()
-        for sw, x in order:
-            if not sw:
-                if x in seen:
-                    continue
-                seen.add(x)
-                for u in n_inputs[x]:
-                    pending[u] = pending.get(u, 0) + 1
-            steps.append((sw, x))
-        for u in needed:
-            pending[u] = pending.get(u, 0) + 1
-        made: set[int] = set()
-        resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
-        refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
-        pre_alloc: dict[int, bool] = {}  # storage -> allocated before the chain
-        touched = set()
-        cur = peak = 0
-        time_s = 0.0
-        nodes = []
-        waits = []
-        feasible = True
-        nb = self.t_nbytes
-        t_out, t_act, views, last_eff = self.t_out, self.t_act, self.views, self.t_last_eff
-        storage_off = self._storage_off
-        n_outputs, n_recomp, n_time, n_ws = self.n_outputs, self.n_recomp, self.n_rtime, self.n_ws
-        h2d, margin1 = self.h2d, 1.0 + self.margin
+            seen.add(x)
+            for u in n_inputs[x]:
+                pending[u] = pending.get(u, 0) + 1
+        steps.append((sw, x))
+    for u in needed:
+        pending[u] = pending.get(u, 0) + 1
+    made: set[int] = set()
+    resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
+    refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
+    pre_alloc: dict[int, bool] = {}  # storage -> allocated before the chain
+    touched = set()
+    cur = peak = 0
+    time_s = 0.0
+    nodes = []
+    waits = []
+    feasible = True
+    nb = pt.t_nbytes
+    t_out, t_act, views, last_eff = pt.t_out, pt.t_act, pt.views, st.t_last_eff
+    n_outputs, n_recomp, n_time, n_ws = pt.n_outputs, pt.n_recomp, pt.n_rtime, pt.n_ws
+    h2d, margin1 = pt.h2d, 1.0 + wt.margin
 
-        def allocated_before(s):
-            """Storage ``s`` was allocated before the chain (a tensor of it live, or, for an activation,
-            arriving); cached in ``pre_alloc``, whose lookup the loop below does inline."""
-            v = pre_alloc[s] = any(stc(u) == _LIVE for u in views[s]) or (
-                t_act[s] and any(stc(u) == _ARRIVING for u in views[s]))
-            return v
+    def allocated_before(s):
+        """Storage ``s`` was allocated before the chain (a tensor of it live, or, for an activation,
+        arriving); cached in ``pre_alloc``, whose lookup the loop below does inline."""
+        v = pre_alloc[s] = any(stc(u) == LIVE for u in views[s]) or (
+            t_act[s] and any(stc(u) == ARRIVING for u in views[s]))
+        return v
 
-        # the closures of the earlier version (live / add / drop) are inlined below, and the cache lookup of
-        # allocated_before: this loop runs for every candidate evaluation of the descents and the finish
-        for sw, x in steps:
-            if sw:
-                if x in resident or stc(x) == _LIVE:
-                    continue
-                if stc(x) == _ARRIVING:   # waits for its prefetch in flight: allocated already
-                    waits.append((x, time_s))
-                    resident.add(x)
-                    made.add(x)
-                    touched.add(x)
-                    refs[x] = refs.get(x, 0) + 1
-                    new = ()
-                else:
-                    new = (x,)
+    # the closures of the earlier version (live / add / drop) are inlined below, and the cache lookup of
+    # allocated_before: this loop runs for every candidate evaluation of the descents and the finish
+    for sw, x in steps:
+        if sw:
+            if x in resident or stc(x) == LIVE:
+                continue
+            if stc(x) == ARRIVING:   # waits for its prefetch in flight: allocated already
+                waits.append((x, time_s))
+                resident.add(x)
+                made.add(x)
+                touched.add(x)
+                refs[x] = refs.get(x, 0) + 1
+                new = ()
             else:
-                outs = n_outputs[x]
-                new = []
-                transient = n_ws[x]
-                for t in outs:
-                    if t in resident or stc(t) == _LIVE:
-                        transient += nb[t]
-                    else:
-                        new.append(t)
-                if not new:
-                    continue
-                if not n_recomp[x]:
-                    feasible = False
-                nodes.append(x)
-                time_s += n_time[x]
-            for t in new:                    # add(t)
-                resident.add(t)
-                made.add(t)
+                new = (x,)
+        else:
+            outs = n_outputs[x]
+            new = []
+            transient = n_ws[x]
+            for t in outs:
+                if t in resident or stc(t) == LIVE:
+                    transient += nb[t]
+                else:
+                    new.append(t)
+            if not new:
+                continue
+            if not n_recomp[x]:
+                feasible = False
+            nodes.append(x)
+            time_s += n_time[x]
+        for t in new:                    # add(t)
+            resident.add(t)
+            made.add(t)
+            s = tsto[t]
+            touched.add(s)
+            r = refs.get(s, 0)
+            if r == 0:
+                ab = pre_alloc.get(s)
+                if ab is None:
+                    ab = allocated_before(s)
+                if not ab:
+                    cur += nb[s]
+            refs[s] = r + 1
+        if sw:
+            if new:   # a synchronous swap-in
+                time_s += nb[x] / h2d * margin1
+                peak = max(peak, cur)
+            cands = (x,)
+        else:
+            peak = max(peak, cur + transient)
+            ins = n_inputs[x]
+            for u in ins:
+                pending[u] -= 1
+                if t_act[u]:
+                    touched.add(tsto[u])
+            cands = (*ins, *new)
+        for t in cands:                  # drop(cands)
+            if t in resident and pending.get(t, 0) == 0 and not t_out[t] and (
+                    last_eff[t] <= q or storage_off(wt, st, tsto[t], q)):
+                resident.discard(t)
                 s = tsto[t]
-                touched.add(s)
-                r = refs.get(s, 0)
-                if r == 0:
+                refs[s] -= 1
+                if refs[s] == 0:
                     ab = pre_alloc.get(s)
                     if ab is None:
                         ab = allocated_before(s)
                     if not ab:
-                        cur += nb[s]
-                refs[s] = r + 1
-            if sw:
-                if new:   # a synchronous swap-in
-                    time_s += nb[x] / h2d * margin1
-                    peak = max(peak, cur)
-                cands = (x,)
-            else:
-                peak = max(peak, cur + transient)
-                ins = n_inputs[x]
-                for u in ins:
-                    pending[u] -= 1
-                    if t_act[u]:
-                        touched.add(tsto[u])
-                cands = (*ins, *new)
-            for t in cands:                  # drop(cands)
-                if t in resident and pending.get(t, 0) == 0 and not t_out[t] and (
-                        last_eff[t] <= q or storage_off(tsto[t], q)):
-                    resident.discard(t)
-                    s = tsto[t]
-                    refs[s] -= 1
-                    if refs[s] == 0:
-                        ab = pre_alloc.get(s)
-                        if ab is None:
-                            ab = allocated_before(s)
-                        if not ab:
-                            cur -= nb[s]
-        for t in missing:
-            touched.add(tsto[t])
-        return Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
-                     tuple(sorted(made)))
+                        cur -= nb[s]
+    for t in missing:
+        touched.add(tsto[t])
+    return Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
+                 tuple(sorted(made)))
+
+
+def affected(wt, st, j: int) -> set[int]:
+    """Regeneration points (positions) whose chain may change when window
+    ``j``'s decision or end changes: the window's own points and the chains
+    inside it that read its storage (``st.touch``)."""
+    a, hi = int(wt.w_a[j]), int(st.w_maxhi[j])
+    pts = set(st.w_pts[j])
+    for q in st.touch.get(int(wt.w_s[j]), ()):
+        if a < q <= hi:
+            pts.add(q)
+    return pts

@@ -1,8 +1,8 @@
 """Memory-reduction and time estimation for the ``libra`` solver: an incremental
 model of the lowered plan's memory timeline over eager positions.
 
-The model mirrors the rules of :mod:`libra_opt.lowering` and
-:mod:`libra_opt.simulator` so that the greedy refinement can score a
+The model mirrors the rules of :mod:`libra_opt.passes.lowering` and
+:mod:`libra_opt.passes.simulator` so that the greedy refinement can score a
 candidate eviction (a storage window and a policy) without lowering and
 re-simulating the whole plan:
 
@@ -21,9 +21,10 @@ re-simulating the whole plan:
   chain temporaries and the same choice between recomputing and swapping
   in.  It adds the chain's time and a memory point ``P[q] = C[q] + off[q]``
   (the chain's own peak above the memory resident before it).
-  Chains are replayed by :mod:`libra_opt.solvers.libra_chains`.
+  Chains are replayed by :func:`~libra_opt.solvers.libra.chains.chain_at`
+  (solvers/libra/chains.py).
 - Swaps live in one *swap layer* recomputed as a whole when swaps change
-  (:mod:`libra_opt.solvers.libra_swaps`): copies out serialized on the
+  (:func:`~libra_opt.solvers.libra.swaps.swap_layer`, solvers/libra/swaps.py): copies out serialized on the
   device-to-host queue, prefetches planned backwards from each use on the
   host-to-device queue, stalls from replaying that queue forwards.
 - A candidate is scored with :meth:`Timeline.evaluate` (the chains it changes
@@ -31,61 +32,52 @@ re-simulating the whole plan:
   :meth:`Timeline.apply`, which updates ``C``, the chains and the swaps in
   place: only the affected ranges and points are recomputed.
 - Window ends (segment-wise and early regeneration) and retentions live in
-  :mod:`libra_opt.solvers.libra_reshape`.
+  solvers/libra/reshape.py (:mod:`libra_opt.solvers.libra.reshape`).
+
+The parts, each readable on its own:
+
+- :mod:`.codes`: the shared integer codes (policies, tensor states, ``NEG``);
+- :mod:`.tables`: what never changes while planning: per-problem tables
+  (:class:`~.tables.ProblemTables`) and per-window data
+  (:class:`~.tables.WindowTables`);
+- :mod:`.state`: the mutable state (:class:`~.state.TimelineState`), every
+  field declared once with how it starts and how a copy gets it;
+- :mod:`.chains`, :mod:`.swaps`, :mod:`.reshape`: the rules, as functions
+  over tables and state;
+- this module: :class:`Timeline`, which holds the three and offers
+  evaluate / apply / copy and the reads the refinement needs.
 
 Times shift with recomputation: ``T[i]`` (start of node ``i``) is the no-remat
 start plus every chain's time at or before ``i``.
 
 Sources: Libra (Wang, NTHU 2024), "memory reduction estimation" and the
 incremental re-simulation of the greedy refinement; the lowering rules of
-:mod:`libra_opt.lowering`.
+:mod:`libra_opt.passes.lowering`.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
-from libra_opt.passes.lowering import Eviction, Policy
-from libra_opt.ir.problem import ACTIVATION, RematProblem
+from libra_opt.ir.problem import RematProblem
+from libra_opt.passes.lowering import Eviction, Policy, Retain
 
-from .chains import _ARRIVING, _LIVE, _MISSING, Chain, ChainReplay
-from .reshape import KEEP, REC, SWAP, Reshaper
-from .swaps import SwapLayer, SwapPlanner
-NEG = -(1 << 62)
+from . import reshape, swaps
+from .chains import Chain, affected, chain_at, early_targets
+from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
+from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
+from .reshape import chain_held_bytes, storage_end
+from .state import FIELD_DOCS, FIELDS, TimelineState
+from .swaps import SwapLayer, start_times, swap_layer
+from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
-
-@dataclass
-class Effect:
-    """What applying or undoing one decision would do (from :meth:`Timeline.evaluate`).
-
-    Attributes
-    ----------
-    cost_s : float
-        Added step time (s): chain time plus stalls, all chains that change included.
-    chains : dict
-        Regeneration point -> new :class:`Chain` (``None``: the chain disappears).
-    swap : SwapLayer or None
-        The new swap layer if swaps change.
-    raised_max : int
-        Largest new memory value among the points that go up (``NEG`` if none).
-    raised_at : int
-        Position of ``raised_max``.
-    feasible : bool
-    """
-
-    cost_s: float
-    chains: dict
-    swap: SwapLayer | None
-    raised_max: int
-    raised_at: int
-    feasible: bool = True
-    floor: int = 0
-    wait: int = -1
+__all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
+           "KEEP", "REC", "SWAP", "NEG", "LIVE", "MISSING", "ARRIVING"]
 
 
-class Timeline(ChainReplay, SwapPlanner, Reshaper):
+class Timeline:
     """Incremental model of the lowered plan (see the module docstring).
 
     Parameters
@@ -93,8 +85,8 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
     problem : RematProblem
     windows : list of (int, int, int)
         Candidate windows ``(storage, after, before)`` (from
-        :func:`~libra_opt.lowering.default_windows` or
-        :func:`~libra_opt.lowering.all_windows`); windows of one storage must
+        :func:`~libra_opt.passes.lowering.default_windows` or
+        :func:`~libra_opt.passes.lowering.all_windows`); windows of one storage must
         not overlap.
     overlap_margin : float
         Transfers are assumed to take ``1 + overlap_margin`` times their
@@ -103,6 +95,18 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
 
     Attributes
     ----------
+    tables : ProblemTables
+        Per-problem static tables (shared by copies).
+    windows : WindowTables
+        Per-window static data (shared by copies).
+    state : TimelineState
+        The mutable state (copied by :meth:`copy`).
+
+    Every field of the three is also readable as an attribute of the
+    timeline (``tl.C``, ``tl.pol``, ``tl.w_s``, ``tl.t_storage``, ...:
+    read-only properties; the arrays and dicts they return are the state's
+    own), for the refinement and the tests; for instance
+
     C : ndarray of int64, shape (N,)
         Memory at each compute point under the current decisions (bytes).
     pol : ndarray of int8, shape (num_windows,)
@@ -112,141 +116,34 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         for its copy out (the lowering's ``Eviction.out_wait``); -1: none.
     """
 
+    __slots__ = ("tables", "windows", "state")
+
+    #: see :data:`~libra_opt.solvers.libra.swaps.RELAX_BATCH`
+    RELAX_BATCH = swaps.RELAX_BATCH
+
     def __init__(self, problem: RematProblem, windows, overlap_margin: float = 0.0):
-        p = self.problem = problem
-        N = self.N = p.num_nodes
-        self.margin = float(overlap_margin)
-        T = p.tensors
-        self.t_act = [t.kind == ACTIVATION for t in T]
-        self.t_storage = [t.storage for t in T]
-        self.t_prod = [t.producer for t in T]
-        self.t_cons = [t.consumers for t in T]
-        self.t_nbytes = [t.nbytes for t in T]
-        self.t_out = [False] * len(T)
-        for o in p.outputs:
-            self.t_out[o] = True
-        self.t_last = [max(t.consumers) if t.consumers else (t.producer if t.producer is not None else -1)
-                       for t in T]
-        self.n_inputs = [n.inputs for n in p.nodes]
-        self.n_outputs = [n.outputs for n in p.nodes]
-        self.n_time = [n.time_s for n in p.nodes]
-        self.n_rtime = p.recompute_time.tolist()  # a recompute's cost under the executor's model (libra_opt.costs)
-        self.n_ws = [n.workspace_bytes for n in p.nodes]
-        self.n_recomp = [n.recomputable for n in p.nodes]
-        self.views = p.storage_views
-        self.node_time = p.node_time
-        self.cum = np.concatenate([[0.0], np.cumsum(self.node_time)])
-        self.overlap = p.device.copies_overlap_compute
-        self.h2d = float(p.device.h2d_bytes_per_s)
-        self.d2h = float(p.device.d2h_bytes_per_s)
-        # --- no-remat compute points: storages live from their producer to the last use of any tensor on them
-        diff = np.zeros(N + 1, dtype=np.int64)
-        newws = np.array(self.n_ws, dtype=np.int64)
-        for s, ts in self.views.items():
-            base = T[s]
-            if base.kind != ACTIVATION or base.nbytes == 0:
-                continue
-            end = N - 1 if any(self.t_out[t] for t in ts) else max(self.t_last[t] for t in ts)
-            diff[base.producer] += base.nbytes
-            diff[end + 1] -= base.nbytes
-            newws[base.producer] += base.nbytes
-        self.C0 = np.cumsum(diff[:N]) + np.array(self.n_ws, dtype=np.int64)
-        self.newws = newws
-        # --- windows
-        self.w_s = np.array([w[0] for w in windows], dtype=np.int64)
-        self.w_a = np.array([w[1] for w in windows], dtype=np.int64)
-        self.w_a_l = [int(w[1]) for w in windows]   # list mirror for scalar reads in the hot loops
-        self.w_b = np.array([w[2] for w in windows], dtype=np.int64)
-        self.orig_b = self.w_b.copy()   # each window's own end (a use of its storage)
-        self.w_bytes = np.array([T[w[0]].nbytes for w in windows], dtype=np.int64)
-        self.w_prod = np.array([T[w[0]].producer for w in windows], dtype=np.int64)
-        self.w_hi: list[dict] = []      # tensor -> last position (regeneration point) it is off for
-        self.w_pts: list[tuple] = []    # regeneration points of the window
-        for s, a, b in windows:
-            hi = self._window_hi(s, a, b, self.tensors_read_at(s, b))
-            self.w_hi.append(hi)
-            self.w_pts.append(tuple(sorted(set(hi.values()))))
-        self.w_maxhi = np.array([max(h.values()) if h else b for h, (_, _, b) in zip(self.w_hi, windows)],
-                                dtype=np.int64)
-        self.w_rec_ok = np.array([self.n_recomp[pr] for pr in self.w_prod], dtype=bool)
-        self.s_windows: dict[int, list[int]] = {}
-        for j, (s, _, _) in enumerate(windows):
-            self.s_windows.setdefault(s, []).append(j)
-        self.unique_storages = len(self.s_windows) == len(windows)
-        self.nw = len(windows)
-        self.reset()
+        self.tables = problem_tables(problem)
+        self.windows = window_tables(self.tables, windows, overlap_margin)
+        self.state = TimelineState(self.tables, self.windows)
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
-        """Back to the no-remat plan."""
-        self.pol = np.zeros(self.nw, dtype=np.int8)
-        self.pol_l = [KEEP] * self.nw      # list mirror of pol for scalar reads in the hot loops
-        self.floor = np.zeros(self.nw, dtype=np.int64)
-        self.wait = np.full(self.nw, -1, dtype=np.int64)
-        self.s_win: dict[int, list[int]] = {}
-        self.w_early: dict[int, tuple] = {}     # window -> (q, tensors) regenerated before node q
-        self.early_at: dict[int, set] = {}      # q -> windows that may regenerate before node q
-        self.t_last_eff = list(self.t_last)   # last use, or the end of a retention
-        self.t_until: dict[int, int] = {}      # retained tensor -> position it stays resident through
-        self.s_retained: dict[int, int] = {}   # storage -> how many of its tensors are retained
-        self.R_rec = np.zeros(self.N, dtype=np.int64)
-        self.C = self.C0.copy()
-        self.chains: dict[int, Chain] = {}
-        self.regen_off = np.full(self.N, NEG, dtype=np.int64)
-        self.regen_time = np.zeros(self.N)
-        self._T = None
-        self.touch: dict[int, set] = {}
-        self.waits: dict[int, dict] = {}
-        self.touch_first = np.full(self.nw, self.N + 1, dtype=np.int64)
-        self.wait_q = np.full(self.nw, -1, dtype=np.int64)
-        self.wait_off = np.zeros(self.nw)
-        self._dirty: set[int] = set()
-        self.sw_r0 = np.full(self.nw, self.N + 1, dtype=np.int64)
-        self.sw_pos = np.full(self.nw, -1, dtype=np.int64)
-        self.swap = self._swap_layer(np.zeros(0, dtype=np.int64), self.regen_time)
-        self.pos = {}
-        self._hyp = None
-        self._journal: dict | None = None   # see recording()
-        self.version = 0
+        """Back to the no-remat plan (every state field to its declared start,
+        window ends included)."""
+        self.state.reset(self.tables, self.windows)
 
     def copy(self) -> "Timeline":
-        """An independent copy of the state (the static arrays are shared)."""
+        """An independent copy of the state (the static tables are shared)."""
         new = object.__new__(Timeline)
-        new.__dict__.update(self.__dict__)
-        new.pol = self.pol.copy()
-        new.pol_l = list(self.pol_l)
-        new.w_b = self.w_b.copy()
-        new.w_hi = list(self.w_hi)
-        new.w_pts = list(self.w_pts)
-        new.w_maxhi = self.w_maxhi.copy()
-        new.floor = self.floor.copy()
-        new.wait = self.wait.copy()
-        new.s_win = {s: list(v) for s, v in self.s_win.items()}
-        new.w_early = dict(self.w_early)
-        new.early_at = {q: set(v) for q, v in self.early_at.items()}
-        new.t_last_eff = list(self.t_last_eff) if self.t_until else self.t_last_eff
-        new.t_until = dict(self.t_until)
-        new.s_retained = dict(self.s_retained)
-        new.R_rec = self.R_rec.copy()
-        new.C = self.C.copy()
-        new.chains = dict(self.chains)
-        new.regen_off = self.regen_off.copy()
-        new.regen_time = self.regen_time.copy()
-        new.touch = {s: set(v) for s, v in self.touch.items()}
-        new.waits = {s: dict(v) for s, v in self.waits.items()}
-        new._journal = None   # a copy records nothing of its original's trial
-        new.pos = dict(self.pos)
-        new.touch_first = self.touch_first.copy()
-        new.wait_q = self.wait_q.copy()
-        new.wait_off = self.wait_off.copy()
-        new._dirty = set(self._dirty)
-        new.sw_r0 = self.sw_r0.copy()
-        new.sw_pos = self.sw_pos.copy()
+        new.tables = self.tables
+        new.windows = self.windows
+        new.state = self.state.copy()
         return new
 
     def memory(self) -> np.ndarray:
         """Per-position peak of the model, ``max(C, P)``, shape ``(N,)`` (bytes)."""
-        return np.maximum(self.C, self.C + self.regen_off + self.swap.held)
+        st = self.state
+        return np.maximum(st.C, st.C + st.regen_off + st.swap.held)
 
     def peak(self) -> tuple[int, int]:
         """``(peak_bytes, position)`` of the model (first position at the peak)."""
@@ -256,151 +153,111 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
 
     def added_s(self) -> float:
         """Estimated added step time (s): every chain's time plus every stall."""
-        return float(self.regen_time.sum()) + self.swap.total_stall_s
+        st = self.state
+        return float(st.regen_time.sum()) + st.swap.total_stall_s
 
     def decisions(self) -> dict[int, int]:
         """Window id -> policy of every active decision."""
-        return {int(j): int(self.pol[j]) for j in np.flatnonzero(self.pol)}
+        pol = self.state.pol
+        return {int(j): int(pol[j]) for j in np.flatnonzero(pol)}
 
     def evictions(self) -> list[Eviction]:
-        """The active decisions as :class:`~libra_opt.lowering.Eviction`, sorted
+        """The active decisions as :class:`~libra_opt.passes.lowering.Eviction`, sorted
         by (storage, after); swaps carry the model's prefetch position."""
+        st, wt = self.state, self.windows
         out = []
-        sw = self.swap
+        sw = st.swap
         waits = dict(zip(sw.ids.tolist(), sw.wait.tolist()))
-        for j in np.flatnonzero(self.pol):
-            pol = int(self.pol[j])
-            b = int(self.w_b[j])
-            early = self.w_early.get(j) if pol == REC and b != self.orig_b[j] else None
+        for j in np.flatnonzero(st.pol):
+            pol = int(st.pol[j])
+            b = int(st.w_b[j])
+            early = st.w_early.get(j) if pol == REC and b != wt.orig_b[j] else None
             w = waits.get(int(j), -1) if pol == SWAP else -1
-            out.append(Eviction(int(self.w_s[j]), int(self.w_a[j]), b, Policy.of_code(pol),
-                                prefetch_after=int(self.pos[j]) if pol == SWAP else None,
+            out.append(Eviction(int(wt.w_s[j]), int(wt.w_a[j]), b, Policy.of_code(pol),
+                                prefetch_after=int(st.pos[j]) if pol == SWAP else None,
                                 out_wait=w if w >= 0 else None,
-                                regenerate=early[1] if early is not None and early[0] == b else ()))
+                                regenerate=early.tensors if early is not None and early.at == b else ()))
         out.sort(key=lambda e: (e.storage, e.after))
         return out
 
+    def retentions(self) -> list[Retain]:
+        """The active retentions as :class:`~libra_opt.passes.lowering.Retain`, by tensor."""
+        return reshape.retentions(self.state)
+
+    def plan(self) -> list:
+        """Everything :func:`~libra_opt.passes.lowering.lower` needs: :meth:`evictions`
+        then :meth:`retentions`."""
+        return [*self.evictions(), *self.retentions()]
+
     def start_times(self, regen_time: np.ndarray | None = None) -> np.ndarray:
-        """Start time of each node, shape ``(N,)`` (s), chains included."""
-        if regen_time is None or regen_time is self.regen_time:
-            if self._T is None:
-                self._T = self.cum[:-1] + np.cumsum(self.regen_time)
-            return self._T
-        return self.cum[:-1] + np.cumsum(regen_time)
+        """Start time of each node, shape ``(N,)`` (s), chains included
+        (:func:`~libra_opt.solvers.libra.swaps.start_times`)."""
+        return start_times(self.tables, self.state, regen_time)
 
-    # --------------------------------------------------------- tensor states
-    def _pol(self, j: int) -> int:
-        h = self._hyp
-        if h is not None and h[0] == j:
-            return h[1]
-        return self.pol_l[j]
+    # ------------------------------------------------------------ chains
+    def chain_at(self, q: int) -> Chain | None:
+        """The recomputation chain before node ``q`` under the current (or
+        hypothetical) decisions (:func:`~libra_opt.solvers.libra.chains.chain_at`)."""
+        return chain_at(self.tables, self.windows, self.state, q)
 
-    def _wins(self, s: int):
-        ws = self.s_win.get(s, ())
-        h = self._hyp
-        if h is not None and h[2] == s and h[0] not in ws:
-            return (*ws, h[0])
-        return ws
+    def early_targets(self, q: int) -> list[int]:
+        """Tensors regenerated before node ``q`` although it does not read them
+        (:func:`~libra_opt.solvers.libra.chains.early_targets`)."""
+        return early_targets(self.state, q)
 
-    def _prefetch_pos(self, j: int) -> int:
-        h = self._hyp
-        if h is not None and h[3] is not None and j in h[3]:
-            return h[3][j]
-        return self.pos[j]
+    def affected(self, j: int) -> set[int]:
+        """Regeneration points whose chain may change when window ``j`` changes
+        (:func:`~libra_opt.solvers.libra.chains.affected`)."""
+        return affected(self.windows, self.state, j)
 
-    def _st(self, t: int, q: int) -> int:
-        """State of tensor ``t`` just before position ``q``'s chain."""
-        if not self.t_act[t]:
-            return _LIVE
-        if not self.t_out[t] and self.t_last_eff[t] < q:
-            return _MISSING
-        s = self.t_storage[t]
-        ws = self.s_win.get(s, ())
-        h = self._hyp
-        if h is not None and h[2] == s and h[0] not in ws:
-            ws = (*ws, h[0])
-        pol_l, w_a, w_hi = self.pol_l, self.w_a_l, self.w_hi
-        for j in ws:
-            pol = h[1] if h is not None and h[0] == j else pol_l[j]
-            if pol == KEEP:
-                continue
-            if w_a[j] < q <= w_hi[j].get(t, -1):
-                if pol == SWAP and t == s and q > self._prefetch_pos(j):
-                    return _ARRIVING
-                return _MISSING
-        return _LIVE
-
-    def _storage_off(self, s: int, q: int) -> bool:
-        """The lowering's ``_is_off``: storage ``s`` meant to be off at the end of ``q``."""
-        for j in self._wins(s):
-            pol = self._pol(j)
-            if pol == REC and self.w_a_l[j] <= q <= self.w_b[j] - 1:
-                return True
-            if pol == SWAP and self.w_a_l[j] <= q <= self._prefetch_pos(j) - 1:
-                return True
-        return False
-
-    def _has_swap(self, s: int) -> bool:
-        """Some window of storage ``s`` is swapped (under the hypothesis, if any)."""
-        ws = self.s_win.get(s)
-        h = self._hyp
-        pol_l = self.pol_l
-        if h is not None and h[2] == s:
-            return h[1] == SWAP or any(pol_l[j] == SWAP for j in ws or () if j != h[0])
-        if ws:
-            for j in ws:
-                if pol_l[j] == SWAP:
-                    return True
-        return False
+    def replay(self, points) -> None:
+        """Replay the chains before the positions ``points`` (ascending order)
+        on the current decisions and install them."""
+        for q in sorted(points):
+            self._set_chain(q, chain_at(self.tables, self.windows, self.state, q))
 
     # ------------------------------------------------------------- evaluation
-    def _affected(self, j: int) -> set[int]:
-        """Regeneration points whose chain may change when window ``j`` changes."""
-        a, hi = int(self.w_a[j]), int(self.w_maxhi[j])
-        pts = set(self.w_pts[j])
-        for q in self.touch.get(int(self.w_s[j]), ()):
-            if a < q <= hi:
-                pts.add(q)
-        return pts
-
     def evaluate(self, j: int, policy: int, floor: int = 0, wait: int | None = None) -> Effect:
         """Effect of setting window ``j`` to ``policy`` (``KEEP`` undoes it),
         without changing the model.  ``floor``: for a swap, issue its swap-in no
         earlier than after this position (0: where it hides behind compute).
         ``wait``: for a swap, wait for its copy out before this position (-1:
         no wait; ``None``: as it is now)."""
-        old = int(self.pol[j])
+        pt, wt, st = self.tables, self.windows, self.state
+        old = int(st.pol[j])
         if policy != SWAP:
             wait = -1
         elif wait is None:
-            wait = int(self.wait[j]) if old == SWAP else -1
-        s = int(self.w_s[j])
-        a, b = int(self.w_a[j]), int(self.w_b[j])
-        nbytes = int(self.w_bytes[j])
-        pts = self._affected(j)
+            wait = int(st.wait[j]) if old == SWAP else -1
+        s = int(wt.w_s[j])
+        a, b = int(wt.w_a[j]), int(st.w_b[j])
+        nbytes = int(wt.w_bytes[j])
+        pts = affected(wt, st, j)
         new_swap = None
         hyp_pos = None
+        swap = st.swap
         if SWAP in (old, policy):
-            ids = self.swap.ids
+            ids = swap.ids
             ids = ids[ids != j] if old == SWAP else ids
             if policy == SWAP:
                 ids = np.append(ids, j)
-            new_swap = self._swap_layer(ids, self.regen_time, (j, floor if policy == SWAP else 0), (j, wait))
+            new_swap = swap_layer(pt, wt, st, ids, st.regen_time, (j, floor if policy == SWAP else 0), (j, wait))
             hyp_pos = dict(zip(new_swap.ids.tolist(), new_swap.prefetch.tolist()))
-            old_pos = self.sw_pos[new_swap.ids]
+            old_pos = st.sw_pos[new_swap.ids]
             moved = (old_pos != new_swap.prefetch) & (new_swap.ids != j)
             for k, was, now in zip(new_swap.ids[moved].tolist(), old_pos[moved].tolist(),
                                    new_swap.prefetch[moved].tolist()):
                 self._add_crossed(pts, k, was, now)   # chains reading swaps whose prefetch moved past them
-        self._hyp = (j, policy, s, hyp_pos)
+        st.hyp = Hypothesis(j, policy, s, hyp_pos)
         try:
-            chains = {q: self.chain_at(q) for q in sorted(pts)}
+            chains = {q: chain_at(pt, wt, st, q) for q in sorted(pts)}
         finally:
-            self._hyp = None
+            st.hyp = None
         cost = 0.0
         feasible = True
+        old_chains = st.chains
         for q, ch in chains.items():
-            old_ch = self.chains.get(q)
+            old_ch = old_chains.get(q)
             cost += (ch.time_s if ch else 0.0) - (old_ch.time_s if old_ch else 0.0)
             if ch is not None and not ch.feasible:
                 feasible = False
@@ -410,11 +267,12 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             rec_delta = nbytes
         elif policy == REC and old != REC:
             rec_delta = -nbytes
-        H_old = self.swap.held
+        C, regen_off = st.C, st.regen_off
+        H_old = swap.held
         H = H_old
         if new_swap is not None:
-            cost += new_swap.total_stall_s - self.swap.total_stall_s
-            dC = self.swap.removal - new_swap.removal
+            cost += new_swap.total_stall_s - swap.total_stall_s
+            dC = swap.removal - new_swap.removal
             if rec_delta:
                 dC[a + 1:b] += rec_delta
             H = new_swap.held
@@ -428,14 +286,15 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         if len(up) and chains:
             up = up[~np.isin(up, np.fromiter(chains, dtype=np.int64))]
         if len(up):
-            vals = self.C[up] + (dC[up] if dC is not None else rec_delta)
-            mm = np.maximum(vals, vals + self.regen_off[up] + H[up])
+            vals = C[up] + (dC[up] if dC is not None else rec_delta)
+            mm = np.maximum(vals, vals + regen_off[up] + H[up])
             k = int(np.argmax(mm))
             raised_max, raised_at = int(mm[k]), int(up[k])
+        newws = pt.newws
         for q, ch in chains.items():
-            cq = int(self.C[q]) + dCq[q]
-            new_m = cq if ch is None else max(cq, cq - int(self.newws[q]) - ch.kept_bytes + ch.peak_bytes + int(H[q]))
-            old_m = max(int(self.C[q]), int(self.C[q] + self.regen_off[q] + H_old[q]))
+            cq = int(C[q]) + dCq[q]
+            new_m = cq if ch is None else max(cq, cq - int(newws[q]) - ch.kept_bytes + ch.peak_bytes + int(H[q]))
+            old_m = max(int(C[q]), int(C[q] + regen_off[q] + H_old[q]))
             if new_m > old_m and new_m > raised_max:
                 raised_max, raised_at = new_m, q
         return Effect(cost, chains, new_swap, raised_max, raised_at, feasible, floor if policy == SWAP else 0,
@@ -443,18 +302,19 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
 
     def new_value_at(self, j: int, policy: int, eff: Effect, i: int) -> int:
         """Memory of the model at position ``i`` after applying ``eff`` (bytes)."""
-        c = int(self.C[i])
-        old = int(self.pol[j])
+        st, wt = self.state, self.windows
+        c = int(st.C[i])
+        old = int(st.pol[j])
         if eff.swap is not None:
-            c += int(self.swap.removal[i] - eff.swap.removal[i])
-        if REC in (old, policy) and self.w_a[j] < i < self.w_b[j]:
-            c += -int(self.w_bytes[j]) if policy == REC else int(self.w_bytes[j])
+            c += int(st.swap.removal[i] - eff.swap.removal[i])
+        if REC in (old, policy) and wt.w_a[j] < i < st.w_b[j]:
+            c += -int(wt.w_bytes[j]) if policy == REC else int(wt.w_bytes[j])
         if i in eff.chains:
             ch = eff.chains[i]
-            off = NEG if ch is None else ch.peak_bytes - ch.kept_bytes - int(self.newws[i])
+            off = NEG if ch is None else ch.peak_bytes - ch.kept_bytes - int(self.tables.newws[i])
         else:
-            off = int(self.regen_off[i])
-        held = eff.swap.held if eff.swap is not None else self.swap.held
+            off = int(st.regen_off[i])
+        held = eff.swap.held if eff.swap is not None else st.swap.held
         return max(c, c + off + int(held[i]))
 
     # ----------------------------------------------------------------- commit
@@ -464,21 +324,22 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         :meth:`refresh_swaps` after a batch of changes)."""
         if eff is None:
             eff = self.evaluate(j, policy)
-        old = int(self.pol[j])
-        s = int(self.w_s[j])
-        nbytes = int(self.w_bytes[j])
-        a, b = int(self.w_a[j]), int(self.w_b[j])
+        st, wt = self.state, self.windows
+        old = int(st.pol[j])
+        s = int(wt.w_s[j])
+        nbytes = int(wt.w_bytes[j])
+        a, b = int(wt.w_a[j]), int(st.w_b[j])
         if old == REC:
-            self.R_rec[a + 1:b] -= nbytes
-            self.C[a + 1:b] += nbytes
+            st.R_rec[a + 1:b] -= nbytes
+            st.C[a + 1:b] += nbytes
         if policy == REC:
-            self.R_rec[a + 1:b] += nbytes
-            self.C[a + 1:b] -= nbytes
-        self.pol[j] = policy
-        self.pol_l[j] = policy
-        self.floor[j] = eff.floor
-        self.wait[j] = eff.wait
-        ws = self.s_win.setdefault(s, [])
+            st.R_rec[a + 1:b] += nbytes
+            st.C[a + 1:b] -= nbytes
+        st.pol[j] = policy
+        st.pol_l[j] = policy
+        st.floor[j] = eff.floor
+        st.wait[j] = eff.wait
+        ws = st.s_win.setdefault(s, [])
         if policy == KEEP:
             if j in ws:
                 ws.remove(j)
@@ -487,10 +348,10 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         for q, ch in eff.chains.items():
             self._set_chain(q, ch)
         if eff.swap is not None:
-            self._set_swap(eff.swap)
-        if refresh and self.swap.ids.size and eff.chains:   # compute times or waits moved: replan swaps
+            self.install_swaps(eff.swap)
+        if refresh and st.swap.ids.size and eff.chains:   # compute times or waits moved: replan swaps
             self.refresh_swaps()
-        self.version += 1
+        st.version += 1
         return eff
 
     @contextmanager
@@ -500,12 +361,13 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
         back (``move_end(..., replay=False)``, ``retain(..., replay=False)``)
         then puts its chains back without replaying them.  Yields the
         journal (a dict)."""
+        st = self.state
         journal: dict = {}
-        outer, self._journal = self._journal, journal
+        outer, st.journal = st.journal, journal
         try:
             yield journal
         finally:
-            self._journal = outer
+            st.journal = outer
             if outer is not None:   # nested: what the inner block replaced, the outer one did too
                 for q, ch in journal.items():
                     outer.setdefault(q, ch)
@@ -519,74 +381,176 @@ class Timeline(ChainReplay, SwapPlanner, Reshaper):
             self._set_chain(q, ch)
 
     def _set_chain(self, q: int, ch: Chain | None) -> None:
-        jr = self._journal
+        """Install chain ``ch`` (``None``: none) before position ``q``: memory
+        point, chain time, and the marks of the storages it reads / waits for."""
+        st = self.state
+        jr = st.journal
         if jr is not None and q not in jr:
-            jr[q] = self.chains.get(q)
-        old = self.chains.pop(q, None)
+            jr[q] = st.chains.get(q)
+        old = st.chains.pop(q, None)
+        touch, waits, dirty = st.touch, st.waits, st.dirty
         if old is not None:
-            self._dirty.update(old.touched)
+            dirty.update(old.touched)
             for s in old.touched:
-                self.touch.get(s, set()).discard(q)
+                touch.get(s, set()).discard(q)
             for s, _ in old.waits:
-                self.waits.get(s, {}).pop(q, None)
+                waits.get(s, {}).pop(q, None)
         if ch is None:
-            self.regen_off[q] = NEG
-            if self.regen_time[q] != 0.0:
-                self.regen_time[q] = 0.0
-                self._T = None
+            st.regen_off[q] = NEG
+            if st.regen_time[q] != 0.0:
+                st.regen_time[q] = 0.0
+                st.T_cache = None
             return
-        self.chains[q] = ch
-        self._dirty.update(ch.touched)
-        self.regen_off[q] = ch.peak_bytes - ch.kept_bytes - int(self.newws[q]) + self.chain_held_bytes(q)
-        if self.regen_time[q] != ch.time_s:
-            self.regen_time[q] = ch.time_s
-            self._T = None
+        st.chains[q] = ch
+        dirty.update(ch.touched)
+        st.regen_off[q] = ch.peak_bytes - ch.kept_bytes - int(self.tables.newws[q]) + chain_held_bytes(
+            self.tables, st, q)
+        if st.regen_time[q] != ch.time_s:
+            st.regen_time[q] = ch.time_s
+            st.T_cache = None
         for s in ch.touched:
-            self.touch.setdefault(s, set()).add(q)
+            touch.setdefault(s, set()).add(q)
         for s, off in ch.waits:
-            self.waits.setdefault(s, {})[q] = off
+            waits.setdefault(s, {})[q] = off
 
     def _add_crossed(self, pts: set[int], k: int, was: int | None, now: int) -> None:
         """Add to ``pts`` the chains of swap window ``k`` whose replay may
         change when its swap-in moves from position ``was`` (``None``: not
         swapped before) to ``now``.  A chain before position ``q`` reads the
-        swap-in position only through which side of ``q`` it is on (``_st``:
-        arriving where ``q`` is after it; ``_storage_off``: off where ``q`` is
-        before it), so chains on the same side of both are unchanged."""
-        lo, hi = self.w_a[k], self.w_maxhi[k]
+        swap-in position only through which side of ``q`` it is on (arriving
+        where ``q`` is after it; off where ``q`` is before it: ``chains.tensor_state``,
+        ``chains.storage_off``), so chains on the same side of both are unchanged."""
+        st = self.state
+        lo, hi = self.windows.w_a[k], st.w_maxhi[k]
         if was is None:
-            pts.update(q for q in self.touch.get(int(self.w_s[k]), ()) if lo < q <= hi)
+            pts.update(q for q in st.touch.get(int(self.windows.w_s[k]), ()) if lo < q <= hi)
             return
         a, b = (was, now) if was < now else (now, was)
-        pts.update(q for q in self.touch.get(int(self.w_s[k]), ()) if lo < q <= hi and a <= q <= b)
+        pts.update(q for q in st.touch.get(int(self.windows.w_s[k]), ()) if lo < q <= hi and a <= q <= b)
 
-    def _set_swap(self, layer: SwapLayer) -> bool:
-        """Install ``layer``; re-replay the chains whose reads of a swapped
-        storage moved relative to its prefetch.  Returns whether any was."""
-        self.C += self.swap.removal - layer.removal
-        old_pos = self.pos
-        self.swap = layer
-        self.pos = dict(zip(layer.ids.tolist(), layer.prefetch.tolist()))
-        self.sw_r0[:] = self.N + 1
-        self.sw_pos[:] = -1
-        self.sw_r0[layer.ids] = layer.r0
-        self.sw_pos[layer.ids] = layer.prefetch
+    def install_swaps(self, layer: SwapLayer) -> bool:
+        """Install swap layer ``layer``; re-replay the chains whose reads of a
+        swapped storage moved relative to its prefetch.  Returns whether any was."""
+        st = self.state
+        st.C += st.swap.removal - layer.removal
+        old_pos = st.pos
+        st.swap = layer
+        st.pos = dict(zip(layer.ids.tolist(), layer.prefetch.tolist()))
+        st.sw_r0[:] = self.tables.N + 1
+        st.sw_pos[:] = -1
+        st.sw_r0[layer.ids] = layer.r0
+        st.sw_pos[layer.ids] = layer.prefetch
         pts: set[int] = set()
-        for k, v in self.pos.items():
+        for k, v in st.pos.items():
             was = old_pos.get(k)
             if was != v:
                 self._add_crossed(pts, k, was, v)
-        for q in sorted(pts):
-            self._set_chain(q, self.chain_at(q))
+        self.replay(pts)
         return bool(pts)
 
     def refresh_swaps(self, rounds: int = 3) -> None:
         """Recompute the swap layer after compute times or chain waits moved,
         until its prefetch positions are stable (at most ``rounds`` times)."""
+        st = self.state
         for _ in range(rounds):
-            old = self.swap
-            rechained = self._set_swap(self._swap_layer(self.swap.ids, self.regen_time))
-            if np.array_equal(old.prefetch, self.swap.prefetch) and np.array_equal(old.stall_s, self.swap.stall_s):
+            old = st.swap
+            rechained = self.install_swaps(swap_layer(self.tables, self.windows, st, st.swap.ids, st.regen_time))
+            if np.array_equal(old.prefetch, st.swap.prefetch) and np.array_equal(old.stall_s, st.swap.stall_s):
                 break
             if not rechained:   # no chain time, wait or mark changed: the next round would give this layer
                 break
+
+    # ------------------------------------------------------------- swaps in bulk
+    def swap_bulk(self, ids) -> int:
+        """Swap every window of ``ids`` at once (:func:`~libra_opt.solvers.libra.swaps.swap_bulk`);
+        returns how many were swapped."""
+        return swaps.swap_bulk(self, ids)
+
+    def relax_swaps(self, budget: int) -> list[int]:
+        """Give back what a ``budget`` (bytes) does not need of the swaps
+        (:func:`~libra_opt.solvers.libra.swaps.relax_swaps`); returns the windows set to keep."""
+        return swaps.relax_swaps(self, budget)
+
+    # ------------------------------------------------------ window ends, retentions
+    def tensors_read_at(self, s: int, q: int) -> list[int]:
+        """Tensors of storage ``s`` that node ``q`` reads (:func:`~libra_opt.solvers.libra.tables.tensors_read_at`)."""
+        return tensors_read_at(self.tables, s, q)
+
+    def set_before(self, j: int, q: int, regenerated) -> None:
+        """Move the end of kept window ``j`` to position ``q``
+        (:func:`~libra_opt.solvers.libra.reshape.set_before`).
+
+        Raises
+        ------
+        ValueError
+            Window ``j`` has a decision."""
+        reshape.set_before(self.tables, self.windows, self.state, j, q, regenerated)
+
+    def window_state(self, j: int) -> WindowEnd:
+        """The end of window ``j`` (for :meth:`move_end` back to it)."""
+        return reshape.window_state(self.state, j)
+
+    def move_window_back(self, j: int, state: WindowEnd) -> None:
+        """Put back the end of a *kept* window saved by :meth:`window_state`."""
+        reshape.move_window_back(self.state, j, state)
+
+    def move_end(self, j: int, q: int | None = None, regenerated=(), state: WindowEnd | None = None,
+                 replay: bool = True) -> None:
+        """Move the end of recomputed window ``j`` to position ``q`` (as
+        :meth:`set_before`), or back to a ``state`` from :meth:`window_state`,
+        and update the timeline (:func:`~libra_opt.solvers.libra.reshape.move_end`).
+        ``replay=False`` leaves the chains to the caller (a trial taken back:
+        :meth:`restore_chains`).
+
+        Raises
+        ------
+        ValueError
+            Window ``j`` is not recomputed."""
+        pts = reshape.move_end(self.tables, self.windows, self.state, j, q, regenerated, state)
+        if replay:
+            self.replay(pts)
+        self.state.version += 1
+
+    def storage_end(self, s: int) -> int:
+        """Last position storage ``s`` is resident without evictions
+        (:func:`~libra_opt.solvers.libra.reshape.storage_end`)."""
+        return storage_end(self.tables, self.state, s)
+
+
+    def chain_held_bytes(self, q: int) -> int:
+        """Bytes retained only for the chain before node ``q``
+        (:func:`~libra_opt.solvers.libra.reshape.chain_held_bytes`)."""
+        return chain_held_bytes(self.tables, self.state, q)
+
+    def retainable(self, t: int) -> bool:
+        """Tensor ``t`` may be kept past its last use
+        (:func:`~libra_opt.solvers.libra.reshape.retainable`)."""
+        return reshape.retainable(self.tables, self.state, t)
+
+    def retain(self, t: int, until: int | None, replay: bool = True) -> None:
+        """Keep tensor ``t`` resident after its last use through position
+        ``until`` (``None``: back to its last use) and update the timeline
+        (:func:`~libra_opt.solvers.libra.reshape.retain`).  ``replay=False``
+        leaves the chains to the caller (a trial taken back: :meth:`restore_chains`).
+
+        Raises
+        ------
+        ValueError
+            ``until`` is not after the tensor's last use, or a window of its
+            storage ends after that last use."""
+        pts = reshape.retain(self.tables, self.state, t, until)
+        if replay:
+            for q in pts:
+                self._set_chain(q, chain_at(self.tables, self.windows, self.state, q))
+        self.state.version += 1
+
+
+def _expose(holder: str, names, docs) -> None:
+    """Make each field ``name`` of ``Timeline.<holder>`` readable as ``Timeline.<name>``."""
+    for name in names:
+        setattr(Timeline, name, property(attrgetter(f"{holder}.{name}"), doc=docs.get(name)))
+
+
+_expose("tables", ProblemTables.__slots__, {})
+_expose("windows", WindowTables.__slots__, {})
+_expose("state", [f.name for f in FIELDS], FIELD_DOCS)

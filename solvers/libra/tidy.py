@@ -142,7 +142,7 @@ def retain_inputs(tl: Timeline, budget: int) -> int:
         if ch is None or t not in ch.made or tl.t_last_eff[t] >= q:
             continue   # an earlier retention changed this chain
         s = tl.t_storage[t]
-        end = tl._storage_end(s)
+        end = tl.storage_end(s)
         held = int(tl.t_nbytes[s]) if tl.t_act[s] else 0   # a view of an input: its storage stays resident
         if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
             continue

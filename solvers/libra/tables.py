@@ -1,0 +1,242 @@
+"""Static tables of the ``libra`` estimate: what never changes while a
+``Timeline`` plans.
+
+- :class:`ProblemTables` (built by :func:`problem_tables`): per-problem
+  lists and arrays over tensors and nodes (storage, producer, consumers,
+  bytes, times), the device's copy bandwidths, and the no-remat plan's memory
+  at each eager position.  Everything here depends on the
+  :class:`~libra_opt.ir.problem.RematProblem` alone, so one object can later
+  serve every timeline of a problem (and the simulator, the lowering and the
+  bounds, which build their own today).
+- :class:`WindowTables` (built by :func:`window_tables`): per-timeline data
+  over the candidate eviction windows ``(storage, after, before)``: their
+  storages, starts, original ends, bytes, producers, and each window's
+  original *reach* (:func:`window_hi`), plus the timeline's overlap margin.
+
+Both are plain objects with ``__slots__``: shared (never copied) by every copy
+of a timeline, and never written after they are built.
+
+Sources: the storage model of :class:`~libra_opt.ir.problem.RematProblem`
+(memory is per storage, views alias their base); the no-remat plan and the
+windows of :mod:`libra_opt.passes.lowering`; Libra (Wang, NTHU 2024) for the
+per-window eviction decision.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from libra_opt.ir.problem import ACTIVATION, RematProblem
+
+
+class ProblemTables:
+    """Per-problem static tables (see the module docstring); build with :func:`problem_tables`.
+
+    ``T`` tensors, ``N`` nodes (eager positions).
+
+    Attributes
+    ----------
+    problem : RematProblem
+        The problem the tables were built from.
+    N : int
+        Number of nodes (eager positions).
+    t_act : list of bool, length T
+        Tensor is an activation (its storage counts in graph memory).
+    t_storage : list of int, length T
+        Storage id of each tensor (a view's base tensor id; a base's own id).
+    t_prod : list of int or None, length T
+        Producing node (``None`` for inputs).
+    t_cons : list of list of int, length T
+        Consuming nodes, ascending.
+    t_nbytes : list of int, length T
+        Storage bytes of each tensor (0 for a view).
+    t_out : list of bool, length T
+        Tensor is a step output (resident to the end).
+    t_last : list of int, length T
+        Last use: the last consumer, else the producer, else -1.
+    n_inputs, n_outputs : list of tuple of int, length N
+        Tensors each node reads / writes.
+    n_time : list of float, length N
+        Measured compute time of each node (s).
+    n_rtime : list of float, length N
+        A recompute's time under the executor's cost model (s; ``problem.recompute_time``).
+    n_ws : list of int, length N
+        Transient workspace of each node (bytes).
+    n_recomp : list of bool, length N
+        Node may be recomputed.
+    views : dict
+        Storage id -> tensors on it (``problem.storage_views``).
+    node_time : ndarray of float, shape (N,)
+        Compute time of each node (s; ``problem.node_time``).
+    cum : ndarray of float, shape (N + 1,)
+        No-remat start time of each node, then the step's end (s).
+    overlap : bool
+        The device's copies overlap compute.
+    h2d, d2h : float
+        Host-to-device / device-to-host bandwidth (bytes/s).
+    C0 : ndarray of int64, shape (N,)
+        Graph memory while each node runs in the no-remat plan, its new
+        outputs and workspace included (bytes): the simulator's value at each
+        first computation.
+    newws : ndarray of int64, shape (N,)
+        Bytes each node allocates as it starts: workspace plus the activation
+        storages it produces (bytes).
+    """
+
+    __slots__ = ("problem", "N", "t_act", "t_storage", "t_prod", "t_cons", "t_nbytes", "t_out", "t_last",
+                 "n_inputs", "n_outputs", "n_time", "n_rtime", "n_ws", "n_recomp", "views", "node_time", "cum",
+                 "overlap", "h2d", "d2h", "C0", "newws")
+
+
+def problem_tables(problem: RematProblem) -> ProblemTables:
+    """Build the :class:`ProblemTables` of ``problem``: one pass over its
+    tensors and nodes, then the no-remat memory points (each activation
+    storage live from its producer to the last use of any tensor on it, or to
+    the end for a step output).  Raises nothing beyond what reading a valid
+    problem raises."""
+    p = problem
+    pt = ProblemTables()
+    pt.problem = p
+    N = pt.N = p.num_nodes
+    T = p.tensors
+    pt.t_act = [t.kind == ACTIVATION for t in T]
+    pt.t_storage = [t.storage for t in T]
+    pt.t_prod = [t.producer for t in T]
+    pt.t_cons = [t.consumers for t in T]
+    pt.t_nbytes = [t.nbytes for t in T]
+    pt.t_out = [False] * len(T)
+    for o in p.outputs:
+        pt.t_out[o] = True
+    pt.t_last = [max(t.consumers) if t.consumers else (t.producer if t.producer is not None else -1) for t in T]
+    pt.n_inputs = [n.inputs for n in p.nodes]
+    pt.n_outputs = [n.outputs for n in p.nodes]
+    pt.n_time = [n.time_s for n in p.nodes]
+    pt.n_rtime = p.recompute_time.tolist()  # a recompute's cost under the executor's model (libra_opt.costs)
+    pt.n_ws = [n.workspace_bytes for n in p.nodes]
+    pt.n_recomp = [n.recomputable for n in p.nodes]
+    pt.views = p.storage_views
+    pt.node_time = p.node_time
+    pt.cum = np.concatenate([[0.0], np.cumsum(pt.node_time)])
+    pt.overlap = p.device.copies_overlap_compute
+    pt.h2d = float(p.device.h2d_bytes_per_s)
+    pt.d2h = float(p.device.d2h_bytes_per_s)
+    # no-remat compute points: storages live from their producer to the last use of any tensor on them
+    diff = np.zeros(N + 1, dtype=np.int64)
+    newws = np.array(pt.n_ws, dtype=np.int64)
+    for s, ts in pt.views.items():
+        base = T[s]
+        if base.kind != ACTIVATION or base.nbytes == 0:
+            continue
+        end = N - 1 if any(pt.t_out[t] for t in ts) else max(pt.t_last[t] for t in ts)
+        diff[base.producer] += base.nbytes
+        diff[end + 1] -= base.nbytes
+        newws[base.producer] += base.nbytes
+    pt.C0 = np.cumsum(diff[:N]) + np.array(pt.n_ws, dtype=np.int64)
+    pt.newws = newws
+    return pt
+
+
+def window_hi(pt: ProblemTables, s: int, a: int, b: int, first) -> dict[int, int]:
+    """Tensor -> the position up to which it is off the device for window
+    ``(a, b)`` of storage ``s``: its next use after ``a``, or ``b`` for the
+    tensors ``first`` regenerated at ``b`` and those of the same storage
+    their regeneration needs (a view's base): they stay resident from ``b``
+    on.  Positions are eager positions; tensors not live across ``a`` are
+    absent."""
+    hi = {}
+    t_prod, t_last, t_out, t_cons = pt.t_prod, pt.t_last, pt.t_out, pt.t_cons
+    for t in pt.views[s]:
+        if t_prod[t] <= a < t_last[t] or (t_out[t] and t_prod[t] <= a):
+            nxt = [c for c in t_cons[t] if c > a]
+            if nxt:
+                hi[t] = nxt[0]
+    stack = [t for t in first if t in hi]
+    seen = set(stack)
+    while stack:
+        t = stack.pop()
+        hi[t] = min(hi[t], b)
+        for u in pt.n_inputs[t_prod[t]]:
+            if pt.t_storage[u] == s and u in hi and u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return hi
+
+
+def tensors_read_at(pt: ProblemTables, s: int, q: int) -> list[int]:
+    """Tensors of storage ``s`` that node ``q`` reads (those a window of ``s``
+    ending at its use ``q`` regenerates there)."""
+    return [t for t in pt.views[s] if q in pt.t_cons[t]]
+
+
+class WindowTables:
+    """Per-timeline static data over the ``W`` candidate windows (see the
+    module docstring); build with :func:`window_tables`.  A window's *current*
+    end and reach are state (``TimelineState.w_b``, ``w_hi``, ...): these are
+    the originals they start from.
+
+    Attributes
+    ----------
+    nw : int
+        Number of windows ``W``.
+    margin : float
+        Transfers take ``1 + margin`` times bytes / bandwidth when judging
+        whether they hide behind compute (dimensionless, >= 0).
+    w_s : ndarray of int64, shape (W,)
+        Storage of each window.
+    w_a : ndarray of int64, shape (W,)
+        Position after which the storage is evicted.
+    w_a_l : list of int, length W
+        ``w_a`` as a list (scalar reads in the hot loops).
+    orig_b : ndarray of int64, shape (W,)
+        Each window's own end: a use of its storage (position).
+    w_bytes : ndarray of int64, shape (W,)
+        Storage bytes of each window.
+    w_prod : ndarray of int64, shape (W,)
+        Producer node of each window's storage.
+    w_rec_ok : ndarray of bool, shape (W,)
+        The producer may be recomputed.
+    orig_hi : list of dict, length W
+        :func:`window_hi` at the original end: tensor -> last position
+        (regeneration point) it is off for.
+    orig_pts : list of tuple of int, length W
+        Regeneration points of each window at its original end, ascending.
+    orig_maxhi : ndarray of int64, shape (W,)
+        Last regeneration point at the original end (``orig_b`` if none).
+    s_windows : dict
+        Storage -> its window ids (ascending).
+    unique_storages : bool
+        Every storage has at most one window.
+    """
+
+    __slots__ = ("nw", "margin", "w_s", "w_a", "w_a_l", "orig_b", "w_bytes", "w_prod", "w_rec_ok", "orig_hi",
+                 "orig_pts", "orig_maxhi", "s_windows", "unique_storages")
+
+
+def window_tables(pt: ProblemTables, windows, overlap_margin: float = 0.0) -> WindowTables:
+    """Build the :class:`WindowTables` of ``windows`` (a list of ``(storage,
+    after, before)``, as :func:`~libra_opt.passes.lowering.default_windows` or
+    :func:`~libra_opt.passes.lowering.all_windows` give; windows of one
+    storage must not overlap) on the tables ``pt`` of their problem."""
+    T = pt.problem.tensors
+    wt = WindowTables()
+    wt.nw = len(windows)
+    wt.margin = float(overlap_margin)
+    wt.w_s = np.array([w[0] for w in windows], dtype=np.int64)
+    wt.w_a = np.array([w[1] for w in windows], dtype=np.int64)
+    wt.w_a_l = [int(w[1]) for w in windows]   # list mirror for scalar reads in the hot loops
+    wt.orig_b = np.array([w[2] for w in windows], dtype=np.int64)
+    wt.w_bytes = np.array([T[w[0]].nbytes for w in windows], dtype=np.int64)
+    wt.w_prod = np.array([T[w[0]].producer for w in windows], dtype=np.int64)
+    wt.orig_hi = []
+    wt.orig_pts = []
+    for s, a, b in windows:
+        hi = window_hi(pt, s, a, b, tensors_read_at(pt, s, b))
+        wt.orig_hi.append(hi)
+        wt.orig_pts.append(tuple(sorted(set(hi.values()))))
+    wt.orig_maxhi = np.array([max(h.values()) if h else b for h, (_, _, b) in zip(wt.orig_hi, windows)],
+                             dtype=np.int64)
+    wt.w_rec_ok = np.array([pt.n_recomp[pr] for pr in wt.w_prod], dtype=bool)
+    wt.s_windows = {}
+    for j, (s, _, _) in enumerate(windows):
+        wt.s_windows.setdefault(s, []).append(j)
+    wt.unique_storages = len(wt.s_windows) == len(windows)
+    return wt

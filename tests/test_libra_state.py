@@ -1,0 +1,143 @@
+"""The libra estimate's parts: a copy of a timeline is independent of its
+original in every declared state field, the generated reset gives the
+no-remat plan again, and the estimate's modules import one another without a
+cycle (none imports ``estimate.py``)."""
+from __future__ import annotations
+
+import ast
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from libra_opt.passes.lowering import all_windows, default_windows, lower
+from libra_opt.passes.simulator import simulate
+from libra_opt.solvers.libra.estimate import REC, SWAP, Timeline
+from libra_opt.solvers.libra.state import FIELDS, TimelineState
+
+from test_libra import fwd_bwd, layered
+
+PARTS = ("codes", "timeline_records", "tables", "state", "chains", "swaps", "reshape")
+LIBRA = Path(__file__).resolve().parents[1] / "solvers" / "libra"
+
+
+def snapshot(st: TimelineState) -> dict:
+    """Every field's value, deep enough to compare after the state has changed."""
+    def freeze(v):
+        if isinstance(v, np.ndarray):
+            return ("array", v.dtype.str, v.tolist())
+        if isinstance(v, dict):
+            return ("dict", sorted((k, freeze(x)) for k, x in v.items()))
+        if isinstance(v, (list, tuple)):
+            return (type(v).__name__, [freeze(x) for x in v])
+        if isinstance(v, set):
+            return ("set", sorted(v))
+        return ("value", repr(v))
+    return {f.name: freeze(getattr(st, f.name)) for f in FIELDS}
+
+
+def decided(seed):
+    """A timeline with random decisions: for an even seed, a random two-phase problem (fast link)
+    with recompute / swap decisions on its default windows; for an odd one, a random layered graph
+    with recompute decisions on all its windows (whose chains leave tensors to retain)."""
+    rng = random.Random(seed)
+    if seed % 2:
+        p = layered(seed)
+        wins = sorted(all_windows(p))
+    else:
+        p = fwd_bwd(seed, rng.randint(6, 10), views=seed % 4 == 0, bandwidth=1000.0)
+        wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
+    tl = Timeline(p, wins)
+    for j in range(len(wins)):
+        if rng.random() < 0.5 and not tl.s_win.get(int(tl.w_s[j])):
+            if seed % 2 == 0:
+                tl.apply(j, rng.choice([REC, SWAP]))
+            elif tl.w_rec_ok[j]:
+                tl.apply(j, REC)
+    return p, wins, tl, rng
+
+
+def test_state_declares_every_slot_once():
+    """The state's slots are exactly the declared fields, each declared once."""
+    names = [f.name for f in FIELDS]
+    assert len(names) == len(set(names))
+    assert TimelineState.__slots__ == tuple(names)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_copy_is_independent_of_its_original(seed):
+    """Changing a copy (decisions undone and added, a window end, a retention) leaves every field of the original
+    as it was, and the original still lowers to a plan whose simulated peak it estimates."""
+    p, wins, tl, rng = decided(seed)
+    before = snapshot(tl.state)
+    new = tl.copy()
+    assert snapshot(new.state) == before
+    for j in range(len(wins)):
+        if (j == 0 or rng.random() < 0.5) and (tl.pol[j] or not new.s_win.get(int(new.w_s[j]))):
+            new.apply(j, 0 if tl.pol[j] else REC if seed % 2 else rng.choice([REC, SWAP]))
+    k = next((k for k, (s, a, b) in enumerate(wins) if b - a >= 3 and not new.pol[k]), None)
+    if k is not None:   # an earlier end (window ends are state too)
+        s, a, b = wins[k]
+        new.set_before(k, b - 1, new.tensors_read_at(s, b))
+    for q, ch in sorted(new.chains.items()):
+        ts = [t for t in (ch.made if ch else ()) if new.t_last_eff[t] < q and new.retainable(t)]
+        if ts:
+            new.retain(ts[0], q)
+            break
+    assert snapshot(new.state) != before
+    assert new.t_until or seed % 2 == 0, "the layered graphs should leave a tensor to retain"
+    assert snapshot(tl.state) == before
+    assert tl.peak()[0] == simulate(p, lower(p, tl.evictions())).peak_bytes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_reset_gives_the_no_remat_plan(seed):
+    """After decisions and an early window end, reset() puts every field back to a fresh timeline's."""
+    p, wins, tl, _ = decided(seed)
+    j = next((j for j, (s, a, b) in enumerate(wins) if b - a >= 3 and not tl.pol[j]), None)
+    if j is not None:
+        s, a, b = wins[j]
+        tl.set_before(j, b - 1, tl.tensors_read_at(s, b))
+    tl.reset()
+    assert snapshot(tl.state) == snapshot(Timeline(p, wins).state)
+
+
+def imports_of(name: str) -> set[str]:
+    """The modules of solvers/libra that ``name`` imports (at any depth of the file, lazy ones included)."""
+    tree = ast.parse((LIBRA / f"{name}.py").read_text())
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            if node.module:
+                out.add(node.module.split(".")[0])
+            else:
+                out.update(a.name for a in node.names)
+    return out
+
+
+def test_estimate_parts_import_no_cycle():
+    """The estimate's parts import neither estimate.py nor one another in a cycle, and no name they
+    import from a project module starts with an underscore."""
+    graph = {m: imports_of(m) for m in PARTS}
+    for m, deps in graph.items():
+        assert "estimate" not in deps, f"{m}.py imports estimate.py"
+    seen: dict[str, int] = {}
+
+    def visit(m, path):
+        assert seen.get(m) != 1, f"import cycle: {' -> '.join(path + [m])}"
+        if seen.get(m) == 2 or m not in graph:
+            return
+        seen[m] = 1
+        for d in graph[m]:
+            visit(d, path + [m])
+        seen[m] = 2
+
+    for m in graph:
+        visit(m, [])
+    for m in (*PARTS, "estimate"):
+        tree = ast.parse((LIBRA / f"{m}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("libra_opt")):
+                bad = [a.name for a in node.names if a.name.startswith("_")]
+                assert not bad, f"{m}.py imports {bad} from {node.module}"

@@ -112,6 +112,27 @@ class ProblemTables:
             v = self._memo[key] = build()
             return v
 
+    # ------------------------------------------------------------- sizes and device
+    @cached_property
+    def N(self) -> int:
+        """Number of nodes (eager positions)."""
+        return self.problem.num_nodes
+
+    @cached_property
+    def overlap(self) -> bool:
+        """The device's copies overlap compute (``problem.device.copies_overlap_compute``)."""
+        return bool(self.problem.device.copies_overlap_compute)
+
+    @cached_property
+    def h2d(self) -> float:
+        """Host-to-device copy bandwidth, bytes/s (``problem.device.h2d_bytes_per_s``)."""
+        return float(self.problem.device.h2d_bytes_per_s)
+
+    @cached_property
+    def d2h(self) -> float:
+        """Device-to-host copy bandwidth, bytes/s (``problem.device.d2h_bytes_per_s``)."""
+        return float(self.problem.device.d2h_bytes_per_s)
+
     # ------------------------------------------------------------- tensors
     @cached_property
     def t_act(self) -> list[bool]:

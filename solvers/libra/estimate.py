@@ -71,7 +71,7 @@ from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
 from .reshape import chain_held_bytes, storage_end
 from .state import FIELD_DOCS, FIELDS, TimelineState
 from .swaps import SwapLayer, start_times, swap_layer
-from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
+from .tables import PROBLEM_FIELDS, ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
 __all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
            "KEEP", "REC", "SWAP", "NEG", "LIVE", "MISSING", "ARRIVING"]
@@ -551,6 +551,6 @@ def _expose(holder: str, names, docs) -> None:
         setattr(Timeline, name, property(attrgetter(f"{holder}.{name}"), doc=docs.get(name)))
 
 
-_expose("tables", ProblemTables.__slots__, {})
+_expose("tables", PROBLEM_FIELDS, {})
 _expose("windows", WindowTables.__slots__, {})
 _expose("state", [f.name for f in FIELDS], FIELD_DOCS)

@@ -1,20 +1,19 @@
 """Static tables of the ``libra`` estimate: what never changes while a
 ``Timeline`` plans.
 
-- :class:`ProblemTables` (built by :func:`problem_tables`): per-problem
-  lists and arrays over tensors and nodes (storage, producer, consumers,
-  bytes, times), the device's copy bandwidths, and the no-remat plan's memory
-  at each eager position.  Everything here depends on the
-  :class:`~libra_opt.ir.problem.RematProblem` alone, so one object can later
-  serve every timeline of a problem (and the simulator, the lowering and the
-  bounds, which build their own today).
+- :class:`~libra_opt.ir.tables.ProblemTables` (``problem.tables``, the
+  project's per-problem tables, built once per problem and shared with the
+  simulator, the lowering and the bounds): per-problem lists and arrays over
+  tensors and nodes (storage, producer, consumers, bytes, times), the
+  device's copy bandwidths, and the no-remat plan's memory at each eager
+  position; the estimate reads :data:`PROBLEM_FIELDS`.
 - :class:`WindowTables` (built by :func:`window_tables`): per-timeline data
   over the candidate eviction windows ``(storage, after, before)``: their
   storages, starts, original ends, bytes, producers, and each window's
   original *reach* (:func:`window_hi`), plus the timeline's overlap margin.
 
-Both are plain objects with ``__slots__``: shared (never copied) by every copy
-of a timeline, and never written after they are built.
+Both are shared (never copied) by every copy of a timeline, and never
+written after they are built.
 
 Sources: the storage model of :class:`~libra_opt.ir.problem.RematProblem`
 (memory is per storage, views alias their base); the no-remat plan and the
@@ -25,114 +24,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from libra_opt.ir.problem import ACTIVATION, RematProblem
+from libra_opt.ir.problem import RematProblem
+from libra_opt.ir.tables import ProblemTables
 
 
-class ProblemTables:
-    """Per-problem static tables (see the module docstring); build with :func:`problem_tables`.
-
-    ``T`` tensors, ``N`` nodes (eager positions).
-
-    Attributes
-    ----------
-    problem : RematProblem
-        The problem the tables were built from.
-    N : int
-        Number of nodes (eager positions).
-    t_act : list of bool, length T
-        Tensor is an activation (its storage counts in graph memory).
-    t_storage : list of int, length T
-        Storage id of each tensor (a view's base tensor id; a base's own id).
-    t_prod : list of int or None, length T
-        Producing node (``None`` for inputs).
-    t_cons : list of list of int, length T
-        Consuming nodes, ascending.
-    t_nbytes : list of int, length T
-        Storage bytes of each tensor (0 for a view).
-    t_out : list of bool, length T
-        Tensor is a step output (resident to the end).
-    t_last : list of int, length T
-        Last use: the last consumer, else the producer, else -1.
-    n_inputs, n_outputs : list of tuple of int, length N
-        Tensors each node reads / writes.
-    n_time : list of float, length N
-        Measured compute time of each node (s).
-    n_rtime : list of float, length N
-        A recompute's time under the executor's cost model (s; ``problem.recompute_time``).
-    n_ws : list of int, length N
-        Transient workspace of each node (bytes).
-    n_recomp : list of bool, length N
-        Node may be recomputed.
-    views : dict
-        Storage id -> tensors on it (``problem.storage_views``).
-    node_time : ndarray of float, shape (N,)
-        Compute time of each node (s; ``problem.node_time``).
-    cum : ndarray of float, shape (N + 1,)
-        No-remat start time of each node, then the step's end (s).
-    overlap : bool
-        The device's copies overlap compute.
-    h2d, d2h : float
-        Host-to-device / device-to-host bandwidth (bytes/s).
-    C0 : ndarray of int64, shape (N,)
-        Graph memory while each node runs in the no-remat plan, its new
-        outputs and workspace included (bytes): the simulator's value at each
-        first computation.
-    newws : ndarray of int64, shape (N,)
-        Bytes each node allocates as it starts: workspace plus the activation
-        storages it produces (bytes).
-    """
-
-    __slots__ = ("problem", "N", "t_act", "t_storage", "t_prod", "t_cons", "t_nbytes", "t_out", "t_last",
-                 "n_inputs", "n_outputs", "n_time", "n_rtime", "n_ws", "n_recomp", "views", "node_time", "cum",
-                 "overlap", "h2d", "d2h", "C0", "newws")
+#: the per-problem tables the estimate reads (readable as ``Timeline.<name>`` too)
+PROBLEM_FIELDS = ("problem", "N", "t_act", "t_storage", "t_prod", "t_cons", "t_nbytes", "t_out", "t_last",
+                  "n_inputs", "n_outputs", "n_time", "n_rtime", "n_ws", "n_recomp", "views", "node_time", "cum",
+                  "overlap", "h2d", "d2h", "C0", "newws")
 
 
 def problem_tables(problem: RematProblem) -> ProblemTables:
-    """Build the :class:`ProblemTables` of ``problem``: one pass over its
-    tensors and nodes, then the no-remat memory points (each activation
-    storage live from its producer to the last use of any tensor on it, or to
-    the end for a step output).  Raises nothing beyond what reading a valid
-    problem raises."""
-    p = problem
-    pt = ProblemTables()
-    pt.problem = p
-    N = pt.N = p.num_nodes
-    T = p.tensors
-    pt.t_act = [t.kind == ACTIVATION for t in T]
-    pt.t_storage = [t.storage for t in T]
-    pt.t_prod = [t.producer for t in T]
-    pt.t_cons = [t.consumers for t in T]
-    pt.t_nbytes = [t.nbytes for t in T]
-    pt.t_out = [False] * len(T)
-    for o in p.outputs:
-        pt.t_out[o] = True
-    pt.t_last = [max(t.consumers) if t.consumers else (t.producer if t.producer is not None else -1) for t in T]
-    pt.n_inputs = [n.inputs for n in p.nodes]
-    pt.n_outputs = [n.outputs for n in p.nodes]
-    pt.n_time = [n.time_s for n in p.nodes]
-    pt.n_rtime = p.recompute_time.tolist()  # a recompute's cost under the executor's model (libra_opt.costs)
-    pt.n_ws = [n.workspace_bytes for n in p.nodes]
-    pt.n_recomp = [n.recomputable for n in p.nodes]
-    pt.views = p.storage_views
-    pt.node_time = p.node_time
-    pt.cum = np.concatenate([[0.0], np.cumsum(pt.node_time)])
-    pt.overlap = p.device.copies_overlap_compute
-    pt.h2d = float(p.device.h2d_bytes_per_s)
-    pt.d2h = float(p.device.d2h_bytes_per_s)
-    # no-remat compute points: storages live from their producer to the last use of any tensor on them
-    diff = np.zeros(N + 1, dtype=np.int64)
-    newws = np.array(pt.n_ws, dtype=np.int64)
-    for s, ts in pt.views.items():
-        base = T[s]
-        if base.kind != ACTIVATION or base.nbytes == 0:
-            continue
-        end = N - 1 if any(pt.t_out[t] for t in ts) else max(pt.t_last[t] for t in ts)
-        diff[base.producer] += base.nbytes
-        diff[end + 1] -= base.nbytes
-        newws[base.producer] += base.nbytes
-    pt.C0 = np.cumsum(diff[:N]) + np.array(pt.n_ws, dtype=np.int64)
-    pt.newws = newws
-    return pt
+    """The per-problem tables of ``problem``: ``problem.tables``
+    (:class:`~libra_opt.ir.tables.ProblemTables`, built once per problem and
+    shared with the simulator, the lowering and the bounds; the estimate
+    reads the fields :data:`PROBLEM_FIELDS`)."""
+    return problem.tables
 
 
 def window_hi(pt: ProblemTables, s: int, a: int, b: int, first) -> dict[int, int]:

@@ -36,15 +36,15 @@ def test_drop_rule_frees_only_chain_tensors_with_no_pending_read_past_their_last
     last = {1: 5, 2: 9, 3: 9, 4: 9}
     storage = {1: 1, 2: 2, 3: 3, 4: 4}
     off = {3}
-    got = dropped_after_step([1, 2, 3, 4], resident={1, 2, 3}, pending=pending, q=6, outputs={4},
+    got = dropped_after_step([1, 2, 3, 4], resident={1, 2, 3}, pending=pending, q=6, is_output={1: False, 2: False, 3: False, 4: True},
                              last_use=last, storage=storage, storage_off=lambda s, q: s in off)
     # 1: past its last use; 2: a read is pending; 3: its storage is meant to be off; 4: not made by the chain
     assert got == [1, 3]
-    assert dropped_after_step([1], resident={1}, pending={}, q=6, outputs={1}, last_use=last, storage=storage,
+    assert dropped_after_step([1], resident={1}, pending={}, q=6, is_output={1: True}, last_use=last, storage=storage,
                               storage_off=lambda s, q: True) == []
 
 
 def test_a_tensor_read_twice_by_a_step_is_freed_once():
-    got = dropped_after_step([1, 1], resident={1}, pending={}, q=6, outputs=(), last_use={1: 5},
+    got = dropped_after_step([1, 1], resident={1}, pending={}, q=6, is_output={1: False}, last_use={1: 5},
                              storage={1: 1}, storage_off=lambda s, q: False)
     assert got == [1]

@@ -180,6 +180,7 @@ class _Lowerer:
         self._freeable = tab.t_freeable   # an activation that is not a step output
         self._is_act = tab.t_act
         self._storage = tab.t_storage
+        self._t_out = tab.t_out   # a step output: never freed
         self._last_eff = self._last   # the last use, or the end of a retention (set in run)
         self._compute_instr = tab.compute_instr   # immutable instructions shared by every schedule
         self._free_instr = tab.free_instr
@@ -465,7 +466,7 @@ class _Lowerer:
 
     def _drop_unneeded(self, cands, pending, made, i) -> None:
         live = self.resident
-        for t in dropped_after_step(cands, _Both(made, live), pending, i, self.outputs, self._last_eff,
+        for t in dropped_after_step(cands, _Both(made, live), pending, i, self._t_out, self._last_eff,
                                     self._storage, self._is_off):
             if not self._is_off(self._storage[t], i) and self._defer_base(t):
                 continue

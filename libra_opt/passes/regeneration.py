@@ -102,7 +102,7 @@ def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing
 
 
 def dropped_after_step(candidates: Iterable[int], resident: Container[int], pending: dict, q: int,
-                       outputs: Container[int], last_use: Sequence, storage: Sequence,
+                       is_output: Sequence, last_use: Sequence, storage: Sequence,
                        storage_off: Callable[[int, int], bool]) -> list[int]:
     """Tensors the chain frees right after a step (the drop rule).
 
@@ -118,8 +118,8 @@ def dropped_after_step(candidates: Iterable[int], resident: Container[int], pend
         From :func:`regeneration_steps`, decremented for the steps run so far.
     q : int
         Position of the node the chain runs before.
-    outputs : container of int
-        The step's output tensor ids (never freed).
+    is_output : sequence of bool
+        Per tensor, whether it is a step output (never freed).
     last_use : sequence of int
         Per tensor, its last use, or the end of its retention (position).
     storage : sequence of int
@@ -138,7 +138,7 @@ def dropped_after_step(candidates: Iterable[int], resident: Container[int], pend
     """
     out: list[int] = []
     for t in candidates:
-        if t in resident and pending.get(t, 0) == 0 and t not in outputs and (
+        if t in resident and pending.get(t, 0) == 0 and not is_output[t] and (
                 last_use[t] <= q or storage_off(storage[t], q)) and t not in out:
             out.append(t)
     return out

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from libra_opt.passes.regeneration import dropped_after_step, regeneration_steps
+
 from .codes import ARRIVING, KEEP, LIVE, MISSING, REC, SWAP
 
 
@@ -159,7 +161,9 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     (or hypothetical, ``st.hyp``) decisions; ``None`` if node ``q`` needs
     nothing.  Times in seconds (recompute times ``pt.n_rtime``, synchronous
     swap-ins at ``pt.h2d`` bytes/s times ``1 + wt.margin``), memory in
-    bytes.  Mirrors the lowering's ``_Lowerer._regenerate``."""
+    bytes.  The walk, the pending reads and the drop rule are the lowering's
+    (:mod:`libra_opt.passes.regeneration`); this counts bytes and seconds
+    where the lowering emits instructions."""
     n_inputs = pt.n_inputs
     needed = n_inputs[q]
     if q in st.early_at:
@@ -176,11 +180,6 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     if not missing:
         return None
     tsto = pt.t_storage
-    t_prod = pt.t_prod
-    visited: set[int] = set()       # tensors the post-order walk has reached
-    order: list[tuple[bool, int]] = []   # (is_swap, tensor or node)
-    stack = [(t, False) for t in reversed(missing)]
-    swapped: dict[int, bool] = {}  # tensor -> comes back by swap-in (else by recomputation)
 
     def stc(t):
         """State of tensor ``t`` before this chain, cached."""
@@ -189,42 +188,11 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
             v = cache[t] = tstate(pt, wt, st, t, q)
         return v
 
-    while stack:
-        t, done = stack.pop()
-        if done:
-            order.append((True, t) if swapped[t] else (False, t_prod[t]))
-            continue
-        if t in visited:
-            continue
-        v = cache.get(t)
-        if v is None:
-            v = cache[t] = tstate(pt, wt, st, t, q)
-        if v == LIVE:
-            continue
-        visited.add(t)
-        stack.append((t, True))
-        sw = swapped[t] = t == tsto[t] and (v == ARRIVING or has_swap(st, t))
-        if not sw:
-            for u in reversed(n_inputs[t_prod[t]]):
-                if u not in visited:
-                    v = cache.get(u)
-                    if v is None:
-                        v = cache[u] = tstate(pt, wt, st, u, q)
-                    if v != LIVE:
-                        stack.append((u, False))
-    pending: dict[int, int] = {}
-    steps = []
-    seen = set()
-    for sw, x in order:
-        if not sw:
-            if x in seen:
-                continue
-            seen.add(x)
-            for u in n_inputs[x]:
-                pending[u] = pending.get(u, 0) + 1
-        steps.append((sw, x))
-    for u in needed:
-        pending[u] = pending.get(u, 0) + 1
+    def by_swap(t):
+        """A missing tensor comes back by a swap-in: a base storage arriving, or with a swap decision."""
+        return t == tsto[t] and (stc(t) == ARRIVING or has_swap(st, t))
+
+    steps, pending = regeneration_steps(needed, missing, lambda t: stc(t) != LIVE, by_swap, pt.t_prod, n_inputs)
     made: set[int] = set()
     resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
     refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
@@ -240,6 +208,9 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     n_outputs, n_recomp, n_time, n_ws = pt.n_outputs, pt.n_recomp, pt.n_rtime, pt.n_ws
     h2d, margin1 = pt.h2d, 1.0 + wt.margin
 
+    def off(s, q):
+        return storage_off(wt, st, s, q)
+
     def allocated_before(s):
         """Storage ``s`` was allocated before the chain (a tensor of it live, or, for an activation,
         arriving); cached in ``pre_alloc``, whose lookup the loop below does inline."""
@@ -247,8 +218,8 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
             t_act[s] and any(stc(u) == ARRIVING for u in views[s]))
         return v
 
-    # the closures of the earlier version (live / add / drop) are inlined below, and the cache lookup of
-    # allocated_before: this loop runs for every candidate evaluation of the descents and the finish
+    # the byte accounting of add and drop is inlined below, and the cache lookup of allocated_before:
+    # this loop runs for every candidate evaluation of the descents and the finish
     for sw, x in steps:
         if sw:
             if x in resident or stc(x) == LIVE:
@@ -303,18 +274,16 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
                 if t_act[u]:
                     touched.add(tsto[u])
             cands = (*ins, *new)
-        for t in cands:                  # drop(cands)
-            if t in resident and pending.get(t, 0) == 0 and not t_out[t] and (
-                    last_eff[t] <= q or storage_off(wt, st, tsto[t], q)):
-                resident.discard(t)
-                s = tsto[t]
-                refs[s] -= 1
-                if refs[s] == 0:
-                    ab = pre_alloc.get(s)
-                    if ab is None:
-                        ab = allocated_before(s)
-                    if not ab:
-                        cur -= nb[s]
+        for t in dropped_after_step(cands, resident, pending, q, t_out, last_eff, tsto, off):
+            resident.discard(t)
+            s = tsto[t]
+            refs[s] -= 1
+            if refs[s] == 0:
+                ab = pre_alloc.get(s)
+                if ab is None:
+                    ab = allocated_before(s)
+                if not ab:
+                    cur -= nb[s]
     for t in missing:
         touched.add(tsto[t])
     return Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),

@@ -17,7 +17,7 @@ is valid for a plan when
 - the bound's ``covers`` test, if any, accepts the plan (Checkmate's MILP
   excludes some plans the simulator accepts, so its optimum bounds only the
   plans its model can represent or dominate; see
-  :func:`checkmate_covers`).
+  :func:`~libra_opt.solvers.checkmate.bounds.checkmate_covers`).
 
 A valid bound above the plan's simulated time is a bug in whoever proved it:
 :func:`best_bound` warns (:class:`InvalidBoundWarning`) and does not use it,
@@ -41,8 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from libra_opt.ir.schedule import Schedule
     from libra_opt.passes.simulator import SimulationResult
 
-    from .checkmate.model import CheckmateGraph
-    from .checkmate.plan import CheckmateSetup
 
 RECOMPUTE = "recompute"  #: bounds plans without SwapOut / SwapIn / Wait instructions only
 HYBRID = "hybrid"        #: bounds every keep / recompute / swap plan
@@ -53,8 +51,7 @@ BOUND_KINDS = (RECOMPUTE, HYBRID)
 REL_TOL = 1e-6
 
 __all__ = ["Bound", "Certificate", "InvalidBoundWarning", "RECOMPUTE", "HYBRID", "BOUND_KINDS", "REL_TOL",
-           "plan_class", "gap", "best_bound", "checkmate_covers", "compute_floor_s", "floor_bound",
-           "checkmate_bounds", "model_covers"]
+           "plan_class", "gap", "best_bound", "compute_floor_s", "floor_bound", "model_covers"]
 
 
 class InvalidBoundWarning(UserWarning):
@@ -263,60 +260,14 @@ def floor_bound(problem: "RematProblem", budget_bytes: int, source: str) -> Boun
     return Bound(compute_floor_s(problem), HYBRID, f"{source} (compute floor)", int(budget_bytes))
 
 
-def checkmate_covers(graph: "CheckmateGraph", budget_bytes: int) -> Callable[["Schedule"], bool]:
-    """The ``covers`` test of a Checkmate MILP / LP bound on ``graph`` at
-    ``budget_bytes``.
-
-    Checkmate's model (:mod:`libra_opt.solvers.checkmate_model`) is not a
-    relaxation of the simulator: it fixes the order of first computations to
-    the node order and restricts the recomputations within a stage, so a
-    recompute-only plan the simulator accepts may lie outside it and be
-    cheaper than the model's optimum.  Its bound holds for a plan that the
-    model *dominates*: the plan's checkpoints ``S``
-    (:func:`~libra_opt.solvers.checkmate_plan.s_from_schedule`, which needs
-    first computations in node order) completed with the least
-    recomputation (:func:`~libra_opt.solvers.checkmate_plan.rs_from_s`) give
-    a point of the model within the budget
-    (:func:`~libra_opt.solvers.checkmate_model.model_peak_bytes`) that
-    computes no more than the plan.  Then the model's optimum, and so its
-    bound, is at most the plan's time.
-
-    Parameters
-    ----------
-    graph : CheckmateGraph
-        The model's graph, built on the problem itself (never a coarsened one).
-    budget_bytes : int
-        The model's budget (bytes).
-
-    Returns
-    -------
-    callable
-        ``covers(schedule) -> bool``; False for a plan that swaps, reorders
-        first computations, or whose image in the model is over the budget
-        or costlier.
-    """
-    from .checkmate.model import model_peak_bytes
-    from .checkmate.plan import rs_from_s, s_from_schedule
-
-    def image(schedule: "Schedule"):
-        if plan_class(schedule) != RECOMPUTE:
-            return None
-        R, S = rs_from_s(graph, s_from_schedule(graph, schedule))
-        off = R.copy()
-        off[range(graph.n), range(graph.n)] = False
-        model_s = float(graph.cost_s.sum()) + float((off.sum(axis=0) * graph.recompute_cost_s).sum())
-        return model_s, model_peak_bytes(graph, R, S)
-
-    return model_covers(graph.problem, budget_bytes, image)
-
-
 def model_covers(problem: "RematProblem", budget_bytes: int, image: Callable[["Schedule"], tuple | None]
                  ) -> Callable[["Schedule"], bool]:
     """A ``covers`` test for the bound of an optimization model that is no
     relaxation of the simulator: the plan is covered when the model has a
     point within ``budget_bytes`` that costs no more than the plan's
     simulated time, so the model's optimum (and any bound on it) is at most
-    that time.  Used by :func:`checkmate_covers`; a model of swaps (e.g.
+    that time.  Used by
+    :func:`~libra_opt.solvers.checkmate.bounds.checkmate_covers`; a model of swaps (e.g.
     ``hybrid-milp``) passes its own ``image``.
 
     Parameters
@@ -356,41 +307,3 @@ def model_covers(problem: "RematProblem", budget_bytes: int, image: Callable[["S
         return answer
 
     return covers
-
-
-def checkmate_bounds(setup: "CheckmateSetup", budget_bytes: int, solver: str, values, extras: dict) -> tuple:
-    """The ``"recompute"`` bounds of a Checkmate solve, as
-    :class:`~libra_opt.solvers.certificates.Bound` objects.
-
-    Parameters
-    ----------
-    setup : CheckmateSetup
-        The solve's setup (its graph, whether it was coarsened).
-    budget_bytes : int
-    solver : str
-        The solver's name, for ``Bound.source``.
-    values : iterable of (str, float or None)
-        ``(label, seconds)`` pairs, e.g. ``("LP value", 12.5)``.
-    extras : dict
-        The result's extras, updated for a coarsened model.
-
-    Each ``(label, seconds)`` of ``values`` (None skipped) bounds the
-    model's optimum at ``budget_bytes``, so it holds for the plans the model
-    dominates (:func:`~libra_opt.solvers.certificates.checkmate_covers`).
-    On a coarsened model it bounds the coarse model only, which has fewer
-    plans than the original: no bound is returned, and the values go to
-    ``extras["coarse_bounds_s"]`` with ``extras["bound_note"]`` saying why.
-
-    Returns
-    -------
-    tuple of Bound
-    """
-    values = [(label, float(v)) for label, v in values if v is not None and math.isfinite(v)]
-    if setup.coarsened:
-        if values:
-            extras["coarse_bounds_s"] = dict(values)
-            extras["bound_note"] = ("the bounds are of the coarsened model, whose plans are fewer than the "
-                                    "original problem's: no bound on the original")
-        return ()
-    covers = checkmate_covers(setup.graph, budget_bytes)
-    return tuple(Bound(v, RECOMPUTE, f"{solver} ({label})", int(budget_bytes), covers) for label, v in values)

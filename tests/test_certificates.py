@@ -14,8 +14,9 @@ from libra_opt.ir.problem import ProblemBuilder
 from libra_opt.ir.schedule import Compute, Free, Schedule, no_remat_schedule
 from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import RawSolution, Solver, get_solver, register_solver, registry, solve
+from libra_opt.solvers.checkmate.bounds import checkmate_covers
 from libra_opt.solvers.certificates import (HYBRID, RECOMPUTE, Bound, InvalidBoundWarning, best_bound,
-                                            checkmate_covers, compute_floor_s, gap, plan_class)
+                                            compute_floor_s, gap, plan_class)
 
 FAST_MILP = dict(time_limit_s=10.0)
 chain = layered_chain

@@ -35,14 +35,12 @@ def _imports() -> dict[str, list[tuple[str, list[str]]]]:
     return out
 
 
-def test_driver_modules_import_no_cycle():
-    graph = {m: {d for d, _ in deps} for m, deps in _imports().items()}
-
+def _cyclic(graph: dict[str, set[str]]) -> list[str]:
+    """The modules of ``graph`` (module -> modules it imports) that reach themselves."""
     def reaches(start: str, goal: str) -> bool:
         seen, todo = set(), [start]
         while todo:
-            m = todo.pop()
-            for d in graph.get(m, ()):
+            for d in graph.get(todo.pop(), ()):
                 if d == goal:
                     return True
                 if d not in seen:
@@ -50,7 +48,12 @@ def test_driver_modules_import_no_cycle():
                     todo.append(d)
         return False
 
-    cyclic = sorted(m for m in DRIVER if m in graph and reaches(m, m))
+    return sorted(m for m in graph if reaches(m, m))
+
+
+def test_driver_modules_import_no_cycle():
+    graph = {m: {d for d, _ in deps} for m, deps in _imports().items()}
+    cyclic = [m for m in _cyclic(graph) if m in DRIVER]
     assert not cyclic, f"import cycles through {cyclic}"
 
 
@@ -73,3 +76,62 @@ def test_finish_step_is_composed_around_the_descent():
     assert Refiner.__bases__ == (object,)
     assert Finisher.__bases__ == (object,)
     assert not hasattr(Finisher, "_caches_of")
+
+
+# ------------------------------------------------------------------ all of solvers/ (issue 14's "done when")
+SOLVERS = Path(__file__).resolve().parents[1] / "solvers"
+
+
+def _module_name(p: Path) -> str:
+    parts = list(p.relative_to(SOLVERS.parent).with_suffix("").parts)
+    parts = ["libra_opt", *parts]            # solvers/ is installed as libra_opt.solvers
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _solver_modules() -> dict[str, tuple[Path, ast.Module]]:
+    return {_module_name(p): (p, ast.parse(p.read_text())) for p in SOLVERS.rglob("*.py")}
+
+
+def _graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    """Module -> the solvers/ modules it imports (at any depth: lazy and TYPE_CHECKING
+    imports count), and the underscore names imported from another project module."""
+    mods = _solver_modules()
+    graph, private = {}, []
+    for m, (p, tree) in mods.items():
+        pkg = m.split(".") if p.name == "__init__.py" else m.split(".")[:-1]
+        deps = set()
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.ImportFrom):
+                continue
+            base = ".".join(pkg[:len(pkg) - n.level + 1] + ([n.module] if n.module else [])) if n.level \
+                else n.module or ""
+            for a in n.names:
+                if f"{base}.{a.name}" in mods:
+                    deps.add(f"{base}.{a.name}")
+                elif base in mods or base.startswith("libra_opt."):
+                    if base in mods:
+                        deps.add(base)
+                    if a.name.startswith("_") and not a.name.startswith("__"):
+                        private.append((m, base, a.name))
+        deps.discard(m)
+        graph[m] = deps
+    return graph, private
+
+
+def test_no_module_under_solvers_imports_one_that_imports_it_back():
+    graph, _ = _graph()
+    assert len(graph) > 20
+    assert not _cyclic(graph)
+
+
+def test_no_module_under_solvers_imports_an_underscore_name_of_the_project():
+    _, private = _graph()
+    assert not private, private
+
+
+def test_no_class_under_solvers_is_built_from_two_project_classes():
+    multi = [(m, n.name, [ast.unparse(b) for b in n.bases]) for m, (_, tree) in _solver_modules().items()
+             for n in ast.walk(tree) if isinstance(n, ast.ClassDef)
+             and sum(not ast.unparse(b).startswith(("typing.", "Protocol", "NamedTuple", "Enum", "str", "int",
+                                                     "Exception", "Warning")) for b in n.bases) >= 2]
+    assert not multi, multi

@@ -13,8 +13,8 @@ The LP is the model of :mod:`libra_opt.solvers.checkmate_model` with
 ``scipy.optimize.linprog(method="highs")`` (default) or PuLP's CBC.  Its value
 is a lower bound on the compute time (= step time of a recompute-only plan)
 of every plan the model admits or dominates and is reported as a
-``"recompute"`` bound (:func:`~libra_opt.solvers.certificates.checkmate_bounds`,
-:func:`~libra_opt.solvers.certificates.checkmate_covers`).  When no
+``"recompute"`` bound (:func:`~libra_opt.solvers.checkmate.bounds.checkmate_bounds`,
+:func:`~libra_opt.solvers.checkmate.bounds.checkmate_covers`).  When no
 rounding fits, the LP is solved again at a smaller budget
 (``budget_factors``, as the reference solves at 0.9 of the budget) so the
 rounded plans have slack; the bound always comes from the full budget.
@@ -40,7 +40,7 @@ from libra_opt.errors import SolverError, SolverOptionError
 
 from ..base import Solver
 from .model import CheckmateModel
-from ..certificates import checkmate_bounds
+from .bounds import checkmate_bounds
 from .plan import Candidate, CheckmateSetup, no_remat_solution, rs_from_s
 from ..registry import register_solver
 from ..result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution

@@ -44,7 +44,7 @@ from ..base import Solver
 from .backends import BACKENDS, ORTOOLS_SOLVERS, MIPOptions, MipResult, check_mip_options, solve_mip  # noqa: F401
 from .backends import cbc_command, run_interruptibly, run_pulp  # noqa: F401  (their old home: importable here too)
 from .model import CheckmateModel, model_peak_bytes
-from ..certificates import checkmate_bounds
+from .bounds import checkmate_bounds
 from .plan import CheckmateSetup, no_remat_solution, rs_from_s
 from ..registry import register_solver
 from ..result import FEASIBLE, OPTIMAL, TIME_LIMIT, RawSolution
@@ -107,7 +107,7 @@ class CheckmateMILPSolver(Solver):
     ``bounds``: the MILP's best bound and the LP value at the budget, in
     seconds of compute (= step time of a recompute-only plan), as
     ``"recompute"`` bounds that hold for the plans the model dominates
-    (:func:`~libra_opt.solvers.certificates.checkmate_covers`: the model fixes
+    (:func:`~libra_opt.solvers.checkmate.bounds.checkmate_covers`: the model fixes
     the order of first computations, so it is no relaxation of the
     simulator), when the model was built on the problem itself; none on a
     coarsened model.  ``lower_bound_s`` is the larger of them when the

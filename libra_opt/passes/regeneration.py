@@ -48,7 +48,7 @@ def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing
     by_swap : callable (int) -> bool
         Whether a missing tensor comes back by a swap-in (else by recomputing
         its producer).  Called once per missing tensor the walk reaches, in
-        the walk's order.
+        the walk's order, right after ``is_missing`` returned True for it.
     producer : sequence
         ``producer[t]``: node id producing tensor ``t``.
     inputs : sequence
@@ -67,37 +67,39 @@ def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing
     Source: post-order of the regeneration DAG, Checkmate (MLSys 2020),
     sec. 4.5.
     """
-    state: set[int] = set()
+    visited: set[int] = set()
     order: list[tuple[bool, int]] = []
     stack = [(t, False) for t in reversed(missing)]
     how: dict[int, bool] = {}
+    pop, push, visit, emit = stack.pop, stack.append, visited.add, order.append   # hot loop: bound once
     while stack:
-        t, done = stack.pop()
+        t, done = pop()
         if done:
-            order.append((True, t) if how[t] else (False, producer[t]))
+            emit((True, t) if how[t] else (False, producer[t]))
             continue
-        if t in state or not is_missing(t):
+        if t in visited or not is_missing(t):
             continue
-        state.add(t)
-        stack.append((t, True))
+        visit(t)
+        push((t, True))
         sw = how[t] = by_swap(t)
         if not sw:
             for u in reversed(inputs[producer[t]]):
-                if u not in state and is_missing(u):
-                    stack.append((u, False))
+                if u not in visited and is_missing(u):
+                    push((u, False))
     pending: dict[int, int] = {}
     steps: list[tuple[bool, int]] = []
     seen: set[int] = set()
+    get = pending.get
     for sw, x in order:
         if not sw:
             if x in seen:
                 continue
             seen.add(x)
             for u in inputs[x]:
-                pending[u] = pending.get(u, 0) + 1
+                pending[u] = get(u, 0) + 1
         steps.append((sw, x))
     for u in needed:
-        pending[u] = pending.get(u, 0) + 1
+        pending[u] = get(u, 0) + 1
     return steps, pending
 
 

@@ -188,11 +188,19 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
             v = cache[t] = tstate(pt, wt, st, t, q)
         return v
 
-    def by_swap(t):
-        """A missing tensor comes back by a swap-in: a base storage arriving, or with a swap decision."""
-        return t == tsto[t] and (stc(t) == ARRIVING or has_swap(st, t))
+    def is_missing(t):
+        """Tensor ``t`` is not resident before this chain (``stc(t) != LIVE``, the lookup inlined)."""
+        v = cache.get(t)
+        if v is None:
+            v = cache[t] = tstate(pt, wt, st, t, q)
+        return v != LIVE
 
-    steps, pending = regeneration_steps(needed, missing, lambda t: stc(t) != LIVE, by_swap, pt.t_prod, n_inputs)
+    def by_swap(t):
+        """A missing tensor comes back by a swap-in: a base storage arriving, or with a swap decision
+        (``is_missing`` has cached its state)."""
+        return t == tsto[t] and (cache[t] == ARRIVING or has_swap(st, t))
+
+    steps, pending = regeneration_steps(needed, missing, is_missing, by_swap, pt.t_prod, n_inputs)
     made: set[int] = set()
     resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
     refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it

@@ -1,4 +1,5 @@
-"""Hash the instruction lists of ``libra`` plans on the instances in ``problems/``.
+"""Hash the instruction lists of plans on the instances in ``problems/`` (and
+any other problem files or instance folders given, e.g. the shared graphs).
 
 A regression check for changes that must leave plans alone: run it before and
 after a change and compare the two JSON files (``--compare OLD NEW`` lists the
@@ -8,8 +9,13 @@ after a change and compare the two JSON files (``--compare OLD NEW`` lists the
     python benchmarks/plan_hashes.py -o after.json
     python benchmarks/plan_hashes.py --compare before.json after.json
 
+    python benchmarks/plan_hashes.py --all-solvers problems/*.json.gz ../shared/remat-graphs/*.json
+
 Each cell is ``solve_many(problem, budgets, solver="libra", policy=...)``'s
-result for one budget: the SHA-256 of the schedule's ``(op, arg)`` list with
+result for one budget (with ``--all-solvers``, also every deterministic
+built-in solver's: the baselines, and ``checkmate-lp`` on problems of at
+most ``LP_MAX_NODES`` nodes; the time-limited MILPs
+are left out, as their plans depend on the machine's speed): the SHA-256 of the schedule's ``(op, arg)`` list with
 the simulated peak (bytes) and step time (s), or ``"infeasible"``, or the
 error's type and message.
 """
@@ -25,6 +31,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("hybrid", "recompute", "swap")
+#: deterministic built-in solvers hashed with --all-solvers (besides libra's three policies)
+OTHER_SOLVERS = ("none", "checkpoint-all", "chen-sqrt", "chen-greedy", "swap-all", "checkmate-lp")
+#: checkmate-lp is hashed on problems of at most this many nodes (its LP grows with the square)
+LP_MAX_NODES = 300
 BUDGETS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
 
 
@@ -36,24 +46,28 @@ def schedule_hash(schedule) -> str:
     return h.hexdigest()[:16]
 
 
-def hash_all(paths, policies=POLICIES, budgets=BUDGETS) -> dict:
-    """``{problem file: {policy: {budget: hash or outcome}}}``."""
-    from libra_opt.ir.problem_io import load_problem
+def hash_all(paths, policies=POLICIES, budgets=BUDGETS, solvers=()) -> dict:
+    """``{problem file: {policy or solver: {budget: hash or outcome}}}``: libra
+    under each of ``policies``, then each of ``solvers``."""
+    from libra_opt.frontend.importers import load_problem_any
     from libra_opt.solvers import solve_many
 
     out: dict = {}
     for path in paths:
-        p = load_problem(path)
+        p = load_problem_any(path)
         cells = out.setdefault(Path(path).name, {})
-        for pol in policies:
+        runs = [(pol, dict(solver="libra", policy=pol)) for pol in policies]
+        runs += [(name, dict(solver=name)) for name in solvers
+                 if name != "checkmate-lp" or p.num_nodes <= LP_MAX_NODES]
+        for key, kw in runs:
             t0 = time.perf_counter()
             try:
-                res = solve_many(p, list(budgets), solver="libra", policy=pol)
-                cells[pol] = {str(b): [schedule_hash(r.schedule), r.peak_bytes, r.time_s] if r.success
+                res = solve_many(p, list(budgets), **kw)
+                cells[key] = {str(b): [schedule_hash(r.schedule), r.peak_bytes, r.time_s] if r.success
                               else "infeasible" for b, r in zip(budgets, res)}
             except Exception as e:  # record the failure: it is part of what is compared
-                cells[pol] = {str(b): f"error {type(e).__name__}: {str(e)[:160]}" for b in budgets}
-            print(f"{Path(path).name:40s} {pol:9s} {time.perf_counter() - t0:7.1f} s", file=sys.stderr, flush=True)
+                cells[key] = {str(b): f"error {type(e).__name__}: {str(e)[:160]}" for b in budgets}
+            print(f"{Path(path).name:40s} {key:14s} {time.perf_counter() - t0:7.1f} s", file=sys.stderr, flush=True)
     return out
 
 
@@ -61,7 +75,7 @@ def compare(old: dict, new: dict) -> list[str]:
     """Lines naming every cell that differs between two hash files."""
     lines = []
     for prob in sorted(set(old) | set(new)):
-        for pol in POLICIES:
+        for pol in sorted(set(old.get(prob, {})) | set(new.get(prob, {}))):
             a, b = old.get(prob, {}).get(pol, {}), new.get(prob, {}).get(pol, {})
             for bud in sorted(set(a) | set(b), key=float, reverse=True):
                 x, y = a.get(bud), b.get(bud)
@@ -80,6 +94,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("problems", nargs="*", help="problem files (default: every file in problems/)")
     ap.add_argument("-o", "--output", help="write the hashes here (JSON)")
+    ap.add_argument("--all-solvers", action="store_true",
+                    help=f"also hash {', '.join(OTHER_SOLVERS)} (deterministic built-in solvers)")
     ap.add_argument("--compare", nargs=2, metavar=("OLD", "NEW"), help="compare two hash files")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -88,7 +104,7 @@ def main(argv=None) -> int:
         print("\n".join(diff) if diff else "no plan changed")
         return 0
     paths = args.problems or sorted(str(p) for p in (ROOT / "problems").glob("*.json*"))
-    res = hash_all(paths)
+    res = hash_all(paths, solvers=OTHER_SOLVERS if args.all_solvers else ())
     text = json.dumps(res, indent=1, sort_keys=True)
     if args.output:
         Path(args.output).write_text(text)

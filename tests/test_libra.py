@@ -278,7 +278,7 @@ def test_estimate_matches_the_simulator(seed):
     # and the no-remat compute points equal the simulator's at each first computation
     base = simulate(p)
     firsts = [k for k, ins in enumerate(lower(p, [])) if ins.op == Op.COMPUTE]
-    assert np.array_equal(base.timeline_bytes[firsts], tl.C0)
+    assert np.array_equal(base.timeline_bytes[firsts], tl.tables.C0)
 
 
 
@@ -308,15 +308,15 @@ def test_estimate_matches_the_simulator_with_retentions(seed):
     wins = sorted(all_windows(p))
     tl = Timeline(p, wins)
     for j in range(len(wins)):
-        if rng.random() < 0.5 and tl.w_rec_ok[j] and not tl.s_win.get(int(tl.w_s[j])):
+        if rng.random() < 0.5 and tl.windows.w_rec_ok[j] and not tl.state.s_win.get(int(tl.windows.w_s[j])):
             tl.apply(j, REC)
-    before = (tl.peak()[0], tl.added_s(), tl.C.copy())
-    cands = sorted({(t, q) for q, ch in tl.chains.items() if ch is not None for t in ch.made
-                    if tl.t_last_eff[t] < q and not tl.s_win.get(tl.t_storage[t])})
+    before = (tl.peak()[0], tl.added_s(), tl.state.C.copy())
+    cands = sorted({(t, q) for q, ch in tl.state.chains.items() if ch is not None for t in ch.made
+                    if tl.state.t_last_eff[t] < q and not tl.state.s_win.get(tl.tables.t_storage[t])})
     assert cands, "the random decisions should leave some chain regenerating a freed tensor"
     done = []
     for t, q in cands:
-        if rng.random() < 0.6 and t not in tl.t_until:
+        if rng.random() < 0.6 and t not in tl.state.t_until:
             tl.retain(t, q)
             done.append(t)
     sim = simulate(p, lower(p, tl.plan()))
@@ -324,7 +324,7 @@ def test_estimate_matches_the_simulator_with_retentions(seed):
     assert tl.added_s() == pytest.approx(sim.added_s, abs=1e-9)
     for t in done:
         tl.retain(t, None)
-    assert (tl.peak()[0], tl.added_s()) == pytest.approx(before[:2]) and np.array_equal(tl.C, before[2])
+    assert (tl.peak()[0], tl.added_s()) == pytest.approx(before[:2]) and np.array_equal(tl.state.C, before[2])
 
 
 def test_retention_lowers_single_phase_cost():
@@ -354,7 +354,7 @@ def test_estimate_matches_the_simulator_with_early_regeneration(seed):
     tl = Timeline(p, wins)
     early = 0
     for j, (s, a, b) in enumerate(wins):
-        if (rng.random() < 0.6 or not early) and tl.w_rec_ok[j] and not tl.s_win.get(s):
+        if (rng.random() < 0.6 or not early) and tl.windows.w_rec_ok[j] and not tl.state.s_win.get(s):
             if b - a >= 3 and (rng.random() < 0.6 or not early):
                 tl.set_before(j, rng.randint(a + 2, b - 1), tl.tensors_read_at(s, b))
                 early += 1
@@ -461,20 +461,20 @@ def test_a_trial_taken_back_restores_the_chains_a_replay_gives():
     ref = Refiner(p, LibraOptions(policy="recompute", retain_inputs=False))
     ref.descend([int(0.7 * int(ref.tl.memory().max()))])
     tl = ref.tl
-    cands = [(q, t) for q, ch in sorted(tl.chains.items()) if ch is not None for t in ch.made
-             if tl.t_last_eff[t] < q and tl.retainable(t)]
+    cands = [(q, t) for q, ch in sorted(tl.state.chains.items()) if ch is not None for t in ch.made
+             if tl.state.t_last_eff[t] < q and tl.retainable(t)]
     assert cands
-    chains, mem, cost = dict(tl.chains), tl.memory().copy(), tl.added_s()
+    chains, mem, cost = dict(tl.state.chains), tl.memory().copy(), tl.added_s()
     changed = 0
     for q, t in cands[:6]:
         with tl.recording() as outer:
             with tl.recording() as inner:
                 tl.retain(t, q)
             assert set(inner) <= set(outer)
-        changed += tl.chains != chains
+        changed += tl.state.chains != chains
         tl.retain(t, None, replay=False)
         tl.restore_chains(outer)
-        assert tl.chains == chains
+        assert tl.state.chains == chains
         assert (tl.memory() == mem).all() and tl.added_s() == cost
-        assert all(tl.chain_at(x) == ch for x, ch in tl.chains.items())
+        assert all(tl.chain_at(x) == ch for x, ch in tl.state.chains.items())
     assert changed

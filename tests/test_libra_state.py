@@ -50,10 +50,10 @@ def decided(seed):
         wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
     tl = Timeline(p, wins)
     for j in range(len(wins)):
-        if rng.random() < 0.5 and not tl.s_win.get(int(tl.w_s[j])):
+        if rng.random() < 0.5 and not tl.state.s_win.get(int(tl.windows.w_s[j])):
             if seed % 2 == 0:
                 tl.apply(j, rng.choice([REC, SWAP]))
-            elif tl.w_rec_ok[j]:
+            elif tl.windows.w_rec_ok[j]:
                 tl.apply(j, REC)
     return p, wins, tl, rng
 
@@ -74,19 +74,19 @@ def test_copy_is_independent_of_its_original(seed):
     new = tl.copy()
     assert snapshot(new.state) == before
     for j in range(len(wins)):
-        if (j == 0 or rng.random() < 0.5) and (tl.pol[j] or not new.s_win.get(int(new.w_s[j]))):
-            new.apply(j, 0 if tl.pol[j] else REC if seed % 2 else rng.choice([REC, SWAP]))
-    k = next((k for k, (s, a, b) in enumerate(wins) if b - a >= 3 and not new.pol[k]), None)
+        if (j == 0 or rng.random() < 0.5) and (tl.state.pol[j] or not new.state.s_win.get(int(new.windows.w_s[j]))):
+            new.apply(j, 0 if tl.state.pol[j] else REC if seed % 2 else rng.choice([REC, SWAP]))
+    k = next((k for k, (s, a, b) in enumerate(wins) if b - a >= 3 and not new.state.pol[k]), None)
     if k is not None:   # an earlier end (window ends are state too)
         s, a, b = wins[k]
         new.set_before(k, b - 1, new.tensors_read_at(s, b))
-    for q, ch in sorted(new.chains.items()):
-        ts = [t for t in (ch.made if ch else ()) if new.t_last_eff[t] < q and new.retainable(t)]
+    for q, ch in sorted(new.state.chains.items()):
+        ts = [t for t in (ch.made if ch else ()) if new.state.t_last_eff[t] < q and new.retainable(t)]
         if ts:
             new.retain(ts[0], q)
             break
     assert snapshot(new.state) != before
-    assert new.t_until or seed % 2 == 0, "the layered graphs should leave a tensor to retain"
+    assert new.state.t_until or seed % 2 == 0, "the layered graphs should leave a tensor to retain"
     assert snapshot(tl.state) == before
     assert tl.peak()[0] == simulate(p, lower(p, tl.evictions())).peak_bytes
 
@@ -95,7 +95,7 @@ def test_copy_is_independent_of_its_original(seed):
 def test_reset_gives_the_no_remat_plan(seed):
     """After decisions and an early window end, reset() puts every field back to a fresh timeline's."""
     p, wins, tl, _ = decided(seed)
-    j = next((j for j, (s, a, b) in enumerate(wins) if b - a >= 3 and not tl.pol[j]), None)
+    j = next((j for j, (s, a, b) in enumerate(wins) if b - a >= 3 and not tl.state.pol[j]), None)
     if j is not None:
         s, a, b = wins[j]
         tl.set_before(j, b - 1, tl.tensors_read_at(s, b))

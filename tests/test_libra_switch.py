@@ -62,17 +62,17 @@ def test_switch_pass_on_a_prepared_plan():
     ref = next(r for r in refs if r.opts.policy == "recompute")
     snap = ref.descend([budget])[budget]
     tl, records, _ = ref.prepare(snap, budget)
-    pol, est = tl.pol.copy(), tl.added_s()
+    pol, est = tl.state.pol.copy(), tl.added_s()
     before = dict(records)
     tl2, records2, taken = switch_policies(ref, tl, records, budget)
     assert taken > 0
-    assert (tl.pol == pol).all() and tl.added_s() == est and records == before   # inputs unchanged
+    assert (tl.state.pol == pol).all() and tl.added_s() == est and records == before   # inputs unchanged
     assert tl2.added_s() < est
     assert int(tl2.memory().max()) <= budget
-    assert (tl2.pol == SWAP).any() and not (tl.pol == SWAP).any()
-    assert set(records2) == {int(j) for j in (tl2.pol != 0).nonzero()[0]}
+    assert (tl2.state.pol == SWAP).any() and not (tl.state.pol == SWAP).any()
+    assert set(records2) == {int(j) for j in (tl2.state.pol != 0).nonzero()[0]}
     for j, d in records2.items():
-        assert d.policy == ("swap" if tl2.pol[j] == SWAP else "recompute") and tl2.pol[j] in (REC, SWAP)
+        assert d.policy == ("swap" if tl2.state.pol[j] == SWAP else "recompute") and tl2.state.pol[j] in (REC, SWAP)
     sim = simulate(p, lower(p, tl2.plan()), budget=budget)
     assert sim.peak_bytes <= budget
     assert sim.added_s == pytest.approx(tl2.added_s(), rel=1e-6, abs=_eps(p))

@@ -155,12 +155,12 @@ def test_estimate_matches_the_simulator_with_waits(seed):
     p, tl = random_decisions(seed)
     sched = lower(p, tl.evictions())
     sim = simulate(p, sched)
-    if tl.swap.pessimistic:   # the model over-counts there (as without waits)
+    if tl.state.swap.pessimistic:   # the model over-counts there (as without waits)
         assert tl.peak()[0] >= sim.peak_bytes
         return
     assert tl.peak()[0] == sim.peak_bytes
     assert tl.added_s() == pytest.approx(sim.added_s, abs=1e-9)
-    assert out_waits(sched) == int((tl.swap.wait >= 0).sum())
+    assert out_waits(sched) == int((tl.state.swap.wait >= 0).sum())
 
 
 def test_estimate_cases_with_waits_are_exercised():
@@ -168,7 +168,7 @@ def test_estimate_cases_with_waits_are_exercised():
     exact = 0
     for seed in range(16):
         _, tl = random_decisions(seed)
-        if not tl.swap.pessimistic and (tl.swap.stall_s > 0).any() and (tl.swap.wait >= 0).any():
+        if not tl.state.swap.pessimistic and (tl.state.swap.stall_s > 0).any() and (tl.state.swap.wait >= 0).any():
             exact += 1
     assert exact >= 4
 

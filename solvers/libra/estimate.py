@@ -57,7 +57,6 @@ incremental re-simulation of the greedy refinement; the lowering rules of
 from __future__ import annotations
 
 from contextlib import contextmanager
-from operator import attrgetter
 
 import numpy as np
 
@@ -69,9 +68,9 @@ from .chains import Chain, affected, chain_at, early_targets
 from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
 from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
 from .reshape import chain_held_bytes, storage_end
-from .state import FIELD_DOCS, FIELDS, TimelineState
+from .state import TimelineState
 from .swaps import SwapLayer, start_times, swap_layer
-from .tables import PROBLEM_FIELDS, ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
+from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
 __all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
            "KEEP", "REC", "SWAP", "NEG", "LIVE", "MISSING", "ARRIVING"]
@@ -102,18 +101,11 @@ class Timeline:
     state : TimelineState
         The mutable state (copied by :meth:`copy`).
 
-    Every field of the three is also readable as an attribute of the
-    timeline (``tl.C``, ``tl.pol``, ``tl.w_s``, ``tl.t_storage``, ...:
-    read-only properties; the arrays and dicts they return are the state's
-    own), for the refinement and the tests; for instance
-
-    C : ndarray of int64, shape (N,)
-        Memory at each compute point under the current decisions (bytes).
-    pol : ndarray of int8, shape (num_windows,)
-        Current policy per window (``KEEP``, ``REC``, ``SWAP``).
-    wait : ndarray of int64, shape (num_windows,)
-        Per swapped window, the position before which the compute stream waits
-        for its copy out (the lowering's ``Eviction.out_wait``); -1: none.
+    The public surface is the methods (``memory``, ``peak``, ``added_s``,
+    ``evaluate``, ``apply``, ``copy``, the window-end and retention moves)
+    and ``problem``; the fields are read where they live (``tl.state.pol``,
+    ``tl.windows.w_s``, ``tl.tables.t_storage``), each declared once in
+    :mod:`~libra_opt.solvers.libra.state` or :mod:`~libra_opt.solvers.libra.tables`.
     """
 
     __slots__ = ("tables", "windows", "state")
@@ -125,6 +117,11 @@ class Timeline:
         self.tables = problem_tables(problem)
         self.windows = window_tables(self.tables, windows, overlap_margin)
         self.state = TimelineState(self.tables, self.windows)
+
+    @property
+    def problem(self) -> RematProblem:
+        """The problem this timeline models (``tables.problem``)."""
+        return self.tables.problem
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
@@ -543,14 +540,3 @@ class Timeline:
             for q in pts:
                 self._set_chain(q, chain_at(self.tables, self.windows, self.state, q))
         self.state.version += 1
-
-
-def _expose(holder: str, names, docs) -> None:
-    """Make each field ``name`` of ``Timeline.<holder>`` readable as ``Timeline.<name>``."""
-    for name in names:
-        setattr(Timeline, name, property(attrgetter(f"{holder}.{name}"), doc=docs.get(name)))
-
-
-_expose("tables", PROBLEM_FIELDS, {})
-_expose("windows", WindowTables.__slots__, {})
-_expose("state", [f.name for f in FIELDS], FIELD_DOCS)

@@ -116,7 +116,7 @@ def _ranked(ref: Evaluator, costs: OptionCosts, tl: Timeline, p: int, banned: se
     if not len(idx):
         return []
     bound = np.maximum(costs.cost[idx].min(axis=1), ref.eps)
-    key = np.where(np.isfinite(bound), tl.w_bytes[idx] / bound, 0.0)
+    key = np.where(np.isfinite(bound), tl.windows.w_bytes[idx] / bound, 0.0)
     order = np.lexsort((idx, -key))[:EVALS_PER_STEP]
     return idx[order].tolist()
 
@@ -178,10 +178,10 @@ def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> None:
     """Every recomputed window in ``records`` whose end was moved to a chain
     gets its own end back (a use of its storage)."""
     for j in list(records):
-        if tl.pol[j] != REC:
+        if tl.state.pol[j] != REC:
             continue
-        s, b = int(tl.w_s[j]), int(ref.orig_b[j])
-        if int(tl.w_b[j]) != b:
+        s, b = int(tl.windows.w_s[j]), int(ref.orig_b[j])
+        if int(tl.state.w_b[j]) != b:
             tl.move_end(j, b, tl.tensors_read_at(s, b))
             records[j] = dataclasses.replace(records[j], before=b)
 
@@ -206,16 +206,16 @@ def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[in
     over = np.flatnonzero(mem > budget)
     if not len(over):
         return None
-    lo, hi = tl.w_a + 1, tl.w_b - 1
-    cols = np.flatnonzero(tl.w_rec_ok & (tl.w_bytes > 0) & (lo <= over[-1]) & (hi >= over[0]))
+    lo, hi = tl.windows.w_a + 1, tl.state.w_b - 1
+    cols = np.flatnonzero(tl.windows.w_rec_ok & (tl.windows.w_bytes > 0) & (lo <= over[-1]) & (hi >= over[0]))
     if not len(cols):
         return None
     cover = (lo[cols][None, :] <= over[:, None]) & (over[:, None] <= hi[cols][None, :])
-    rows = [cover * tl.w_bytes[cols][None, :].astype(np.float64)]
+    rows = [cover * tl.windows.w_bytes[cols][None, :].astype(np.float64)]
     need, ub = [(mem[over] - budget).astype(np.float64)], [np.full(len(over), np.inf)]
     by_storage: dict[int, list[int]] = {}
     for k, j in enumerate(cols.tolist()):
-        by_storage.setdefault(int(tl.w_s[j]), []).append(k)
+        by_storage.setdefault(int(tl.windows.w_s[j]), []).append(k)
     for ks in by_storage.values():
         for x in ks:
             for y in ks:
@@ -226,7 +226,7 @@ def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[in
                     need.append(np.zeros(1))
                     ub.append(np.ones(1))
     rtime = ref.problem.recompute_time
-    cost = rtime[tl.w_prod[cols]] + ref.eps
+    cost = rtime[tl.windows.w_prod[cols]] + ref.eps
     # chained recomputes: where window j's producer reads a storage whose window k is off when j is
     # regenerated (and k is not regenerated there too), j's chain recomputes k's producer as well; a
     # variable y >= x_j + x_k - 1 per such pair carries that cost (several cheap recomputes that read each
@@ -243,13 +243,13 @@ def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[in
         A = np.vstack([A, link])
         need.append(np.full(m, -np.inf))
         ub.append(np.ones(m))
-        cost = np.concatenate([cost, [rtime[tl.w_prod[cols[y]]] for _, y in pairs]])
+        cost = np.concatenate([cost, [rtime[tl.windows.w_prod[cols[y]]] for _, y in pairs]])
     res = milp(cost, constraints=LinearConstraint(A, np.concatenate(need), np.concatenate(ub)),
                integrality=np.concatenate([np.ones(n), np.zeros(m)]), bounds=Bounds(0, 1),
                options=dict(mip_rel_gap=COVER_GAP, node_limit=COVER_NODES, time_limit=COVER_TIME_S))
     if res.x is None:
         return None
-    return sorted(cols[res.x[:n] > 0.5].tolist(), key=lambda j: (-int(tl.w_bytes[j]), j))
+    return sorted(cols[res.x[:n] > 0.5].tolist(), key=lambda j: (-int(tl.windows.w_bytes[j]), j))
 
 
 def _chained_pairs(tl: Timeline, cols: np.ndarray) -> list[tuple[int, int]]:
@@ -259,15 +259,15 @@ def _chained_pairs(tl: Timeline, cols: np.ndarray) -> list[tuple[int, int]]:
     recomputes ``y``'s producer too."""
     where: dict[int, list[int]] = {}
     for k, j in enumerate(cols.tolist()):
-        where.setdefault(int(tl.w_s[j]), []).append(k)
+        where.setdefault(int(tl.windows.w_s[j]), []).append(k)
     pairs = []
     for x, j in enumerate(cols.tolist()):
-        q = int(tl.w_b[j])
-        stos = {int(tl.t_storage[u]) for u in tl.n_inputs[int(tl.w_prod[j])]}
+        q = int(tl.state.w_b[j])
+        stos = {int(tl.tables.t_storage[u]) for u in tl.tables.n_inputs[int(tl.windows.w_prod[j])]}
         for s in sorted(stos):
             for y in where.get(s, ()):
                 k = int(cols[y])
-                if y != x and int(tl.w_a[k]) < q < int(tl.w_b[k]):
+                if y != x and int(tl.windows.w_a[k]) < q < int(tl.state.w_b[k]):
                     pairs.append((x, y))
     return pairs
 
@@ -311,8 +311,8 @@ def _covered(ref: Evaluator, costs: OptionCosts, budget: int, chained: bool) -> 
         m = tl.memory()
         p = int(np.argmax(m))
         tl.apply(j, REC, eff)
-        records[j] = explain(ref.problem, step=-1, storage=int(tl.w_s[j]), after=int(tl.w_a[j]),
-                             before=int(tl.w_b[j]), policy=Policy.RECOMPUTE.value, nbytes=int(tl.w_bytes[j]),
+        records[j] = explain(ref.problem, step=-1, storage=int(tl.windows.w_s[j]), after=int(tl.windows.w_a[j]),
+                             before=int(tl.state.w_b[j]), policy=Policy.RECOMPUTE.value, nbytes=int(tl.windows.w_bytes[j]),
                              peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory()[p]),
                              added_s=max(eff.cost_s, 0.0), recompute_s=max(eff.cost_s, 0.0), swap_s=None,
                              reason=REASON_EXCHANGE)

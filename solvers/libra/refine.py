@@ -93,34 +93,34 @@ class Refiner:
         self.tl = tl = fresh_timeline(problem, mode, opts.swap_overlap_margin)
         self.allow_rec = opts.policy != "swap"
         self.allow_swap = opts.policy != "recompute"
-        self.lo = tl.w_a + 1
-        self.hi = tl.w_b - 1
-        self.orig_b = tl.w_b.copy()
+        self.lo = tl.windows.w_a + 1
+        self.hi = tl.state.w_b - 1
+        self.orig_b = tl.state.w_b.copy()
         self.eps = 1e-9 * max(problem.total_compute_s, 1e-30) / max(problem.num_nodes, 1)
-        self.enabled = (tl.w_bytes > 0) & ((tl.w_rec_ok & self.allow_rec) | self.allow_swap)
+        self.enabled = (tl.windows.w_bytes > 0) & ((tl.windows.w_rec_ok & self.allow_rec) | self.allow_swap)
         # cached cost of moving each window to each option (s), refreshed whenever it is evaluated:
         # recompute, swap with the swap-in hidden behind compute (and the positions it covers), swap
         # with the swap-in delayed past the peak, swap that waits for its copy out before the peak (a
         # stall, where the copy cannot end before it).  They bound scores for the lazy selection.
         # Columns: _O_REC, _O_HID, _O_LATE, _O_WAIT.  An option refused because it would raise position
         # ``bat`` by ``bmem`` bytes to the peak is left out while that would still reach the peak.
-        self.costs = OptionCosts(np.zeros((tl.nw, 4)), self.lo.copy(), self.hi.copy())
+        self.costs = OptionCosts(np.zeros((tl.windows.nw, 4)), self.lo.copy(), self.hi.copy())
         cost = self.costs.cost
-        cost[:, _O_REC] = np.where(tl.w_rec_ok & self.allow_rec, problem.recompute_time[tl.w_prod], np.inf)
+        cost[:, _O_REC] = np.where(tl.windows.w_rec_ok & self.allow_rec, problem.recompute_time[tl.windows.w_prod], np.inf)
         if not self.allow_swap:
             cost[:, _O_HID] = cost[:, _O_LATE] = np.inf
         # waiting for a copy out only helps where copies overlap compute (elsewhere a copy blocks it anyway)
         waits = opts.swap_waits if opts.swap_waits is not None else opts.policy == "swap"
-        self.allow_wait = self.allow_swap and tl.overlap and waits
+        self.allow_wait = self.allow_swap and tl.tables.overlap and waits
         if not self.allow_wait:
             cost[:, _O_WAIT] = np.inf
         self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
-        self.bat = np.full((tl.nw, 4), -1, dtype=np.int64)
-        self.bmem = np.zeros((tl.nw, 4), dtype=np.int64)
+        self.bat = np.full((tl.windows.nw, 4), -1, dtype=np.int64)
+        self.bmem = np.zeros((tl.windows.nw, 4), dtype=np.int64)
         # the peak position each was found at: a delayed or waiting swap's effect depends on it, so its
         # raised point is only known for that position
-        self.bat_p = np.full((tl.nw, 4), -1, dtype=np.int64)
-        self.eval_step = np.full(tl.nw, -1, dtype=np.int64)
+        self.bat_p = np.full((tl.windows.nw, 4), -1, dtype=np.int64)
+        self.eval_step = np.full(tl.windows.nw, -1, dtype=np.int64)
         self.cache: dict[int, Move] = {}
         self.records: dict[int, Decision] = {}
         self.step = 0
@@ -200,15 +200,15 @@ class Refiner:
         around ``p``; swapped ones whose swap-in comes back before ``p`` (to
         switch to recomputation or delay the swap-in); in hybrid mode,
         recomputed ones whose chain runs at ``p`` (to switch to a swap)."""
-        rng = (self.lo <= p) & (tl.w_b - 1 >= p) & self.enabled
-        mask = rng & (tl.pol == KEEP)
+        rng = (self.lo <= p) & (tl.state.w_b - 1 >= p) & self.enabled
+        mask = rng & (tl.state.pol == KEEP)
         if self.allow_swap:
-            mask |= rng & (tl.pol == SWAP) & ~((tl.sw_r0 <= p) & (p <= tl.sw_pos))
+            mask |= rng & (tl.state.pol == SWAP) & ~((tl.state.sw_r0 <= p) & (p <= tl.state.sw_pos))
         idx = np.flatnonzero(mask)
-        ch = tl.chains.get(p)
+        ch = tl.state.chains.get(p)
         if ch is not None and self.allow_rec and self.allow_swap:
-            extra = [j for s in ch.touched for j in tl.s_windows.get(s, ())
-                     if tl.pol[j] == REC and tl.w_a[j] < p <= tl.w_maxhi[j]]
+            extra = [j for s in ch.touched for j in tl.windows.s_windows.get(s, ())
+                     if tl.state.pol[j] == REC and tl.windows.w_a[j] < p <= tl.state.w_maxhi[j]]
             if extra:
                 idx = np.union1d(idx, np.array(extra, dtype=np.int64))
         return idx
@@ -228,11 +228,11 @@ class Refiner:
         self.rel_lo[idx] = lo   # read by _evaluate during this selection
         c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
         # a swapped window's swap-in may be delayed past p where it is issued before p
-        late_hi = np.where(tl.pol[idx] == SWAP, tl.sw_pos[idx], hi)
+        late_hi = np.where(tl.state.pol[idx] == SWAP, tl.state.sw_pos[idx], hi)
         c[~((p > late_hi) & (p >= lo)), _O_LATE] = np.inf
-        c[~(p < np.maximum(lo, np.where(tl.pol[idx] == SWAP, tl.sw_r0[idx], 0))), _O_WAIT] = np.inf
+        c[~(p < np.maximum(lo, np.where(tl.state.pol[idx] == SWAP, tl.state.sw_r0[idx], 0))), _O_WAIT] = np.inf
         best = c.min(axis=1)
-        local = np.where(np.isfinite(best), tl.w_bytes[idx] / np.maximum(best, self.eps), -np.inf)
+        local = np.where(np.isfinite(best), tl.windows.w_bytes[idx] / np.maximum(best, self.eps), -np.inf)
         fresh_best = None
         evals = 0
         while True:
@@ -267,19 +267,19 @@ class Refiner:
         """Earliest position a swap of each window in ``idx`` could release its
         storage: after its copy out, queued behind the copies already issued
         before it (a lower bound: later copies are not delayed here)."""
-        if not self.allow_swap or not tl.overlap:
+        if not self.allow_swap or not tl.tables.overlap:
             return self.lo[idx]
         T = tl.start_times()
-        prod = tl.w_prod[idx]
-        issue = T[prod] + tl.node_time[prod]
-        sw = tl.swap
+        prod = tl.windows.w_prod[idx]
+        issue = T[prod] + tl.tables.node_time[prod]
+        sw = tl.state.swap
         if len(sw.ids):
-            o = np.argsort(tl.w_prod[sw.ids], kind="stable")
-            sp = tl.w_prod[sw.ids][o]
+            o = np.argsort(tl.windows.w_prod[sw.ids], kind="stable")
+            sp = tl.windows.w_prod[sw.ids][o]
             ends = np.maximum.accumulate(sw.d2h_end_s[o])
             k = np.searchsorted(sp, prod, side="right") - 1
             issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
-        end = issue + tl.w_bytes[idx] / tl.d2h * (1.0 + tl.margin)
+        end = issue + tl.windows.w_bytes[idx] / tl.tables.d2h * (1.0 + tl.windows.margin)
         return np.searchsorted(T, end, side="left")
 
     def evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None,
@@ -309,17 +309,17 @@ class Refiner:
         is tried; otherwise nothing of the descent changes."""
         self.evals += 1
         ocost = costs.cost   # (windows, 4) s
-        s = int(tl.w_s[j])
-        if s in tl.s_retained:   # a storage is either evicted or retained
+        s = int(tl.windows.w_s[j])
+        if s in tl.state.s_retained:   # a storage is either evicted or retained
             return None
-        cur = int(tl.pol[j])
-        others = [int(tl.pol[k]) for k in tl.s_win.get(s, ()) if k != j]
+        cur = int(tl.state.pol[j])
+        others = [int(tl.state.pol[k]) for k in tl.state.s_win.get(s, ()) if k != j]
         m_p = int(tl.memory()[p]) if limit is None else peak
-        b = int(tl.w_b[j])
+        b = int(tl.state.w_b[j])
         # options, tried cheapest cached cost first (recompute first on ties); an option is skipped
         # once an admissible one is known to cost no more than its cached (lower-bound) cost
         todo: list[_Todo] = []
-        if self.allow_rec and tl.w_rec_ok[j] and SWAP not in others and cur != REC:
+        if self.allow_rec and tl.windows.w_rec_ok[j] and SWAP not in others and cur != REC:
             todo.append(_Todo(ocost[j, _O_REC], _O_REC, REC, 0))
         if self.allow_swap and REC not in others:
             natural = not descent or self.rel_lo[j] <= p   # the copy out may end before p
@@ -328,12 +328,12 @@ class Refiner:
                 # delay the others): evaluate it only where it may release the storage by p
                 if natural:
                     todo.append(_Todo(ocost[j, _O_HID], _O_HID, SWAP, 0))
-            elif (tl.pos.get(j, -1) if cur == SWAP else costs.hid_hi[j]) < p < b:
+            elif (tl.state.pos.get(j, -1) if cur == SWAP else costs.hid_hi[j]) < p < b:
                 todo.append(_Todo(ocost[j, _O_LATE], _O_LATE, SWAP, p))
             if self.allow_wait and p < b and (not natural if cur != SWAP else (
-                    tl.wait[j] != p and p < int(tl.sw_r0[j]))):
+                    tl.state.wait[j] != p and p < int(tl.state.sw_r0[j]))):
                 # the copy out cannot end before p: wait for it right before p (its swap-in after p)
-                todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.floor[j]) if cur == SWAP else 0)))
+                todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.state.floor[j]) if cur == SWAP else 0)))
         if descent and limit is not None and todo:
             # as in _select: an option known to raise a point to the peak stays out while it still would
             mem = tl.memory()
@@ -406,7 +406,7 @@ class Refiner:
                 reason = REASON_SWITCH
             elif not self.allow_rec:
                 reason = REASON_ONLY_POLICY
-            elif not tl.w_rec_ok[j]:
+            elif not tl.windows.w_rec_ok[j]:
                 reason = REASON_NOT_RECOMPUTABLE
             elif rec and not rec_ok:
                 reason = REASON_NEW_PEAK
@@ -422,13 +422,13 @@ class Refiner:
         """Recomputation variant of window ``j`` that ends at the first chain
         regenerating the storage before its own use (``e``'s chains): kept from
         there, it is not recomputed again (segment-wise regeneration)."""
-        s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+        s, a, b = int(tl.windows.w_s[j]), int(tl.windows.w_a[j]), int(tl.state.w_b[j])
         qs = [q for q, ch in e.chains.items() if ch is not None and a < q < b
-              and any(tl.t_storage[t] == s for t in ch.made)]
+              and any(tl.tables.t_storage[t] == s for t in ch.made)]
         if not qs:
             return
         q = min(qs)
-        made = [t for t in e.chains[q].made if tl.t_storage[t] == s]
+        made = [t for t in e.chains[q].made if tl.tables.t_storage[t] == s]
         e2, newp = self._ending_at(tl, j, q, made, p)
         if newp is None or e2.cost_s >= e.cost_s:
             return
@@ -448,15 +448,15 @@ class Refiner:
         for q, ch in sorted(e.chains.items()):
             if ch is None:
                 continue
-            for s2 in sorted({int(tl.t_storage[t]) for t in ch.made}):
-                for k in tl.s_win.get(s2, ()):
-                    if k == j or tl.pol[k] != REC or not int(tl.w_a[k]) < q < int(tl.w_b[k]):
+            for s2 in sorted({int(tl.tables.t_storage[t]) for t in ch.made}):
+                for k in tl.state.s_win.get(s2, ()):
+                    if k == j or tl.state.pol[k] != REC or not int(tl.windows.w_a[k]) < q < int(tl.state.w_b[k]):
                         continue
                     if tries >= MAX_MERGES:
                         return
                     tries += 1
-                    made = [t for t in ch.made if tl.t_storage[t] == s2]
-                    before, old, b_k = tl.added_s(), tl.window_state(k), int(tl.w_b[k])
+                    made = [t for t in ch.made if tl.tables.t_storage[t] == s2]
+                    before, old, b_k = tl.added_s(), tl.window_state(k), int(tl.state.w_b[k])
                     with tl.recording() as journal:
                         tl.move_end(k, q, made)
                     try:
@@ -482,7 +482,7 @@ class Refiner:
         holding a value across stages), which cuts the chain short.  Taken
         where it costs less than the plain recomputation and the memory the
         inputs hold, less the storage's bytes, stays under ``limit``."""
-        s = int(tl.w_s[j])
+        s = int(tl.windows.w_s[j])
         prod = tl.problem.nodes[tl.problem.tensors[s].producer]
         rets: dict[int, int] = {}
         for q in sorted(e.chains):
@@ -490,12 +490,12 @@ class Refiner:
             if ch is None:
                 continue
             for t in prod.inputs:
-                if t in ch.made and t not in rets and t not in tl.t_until and tl.t_last_eff[t] < q and tl.retainable(t):
+                if t in ch.made and t not in rets and t not in tl.state.t_until and tl.state.t_last_eff[t] < q and tl.retainable(t):
                     rets[t] = q
         if not rets:
             return
         before = tl.added_s()
-        a, b, nbytes = int(tl.w_a[j]), int(tl.w_b[j]), int(tl.w_bytes[j])
+        a, b, nbytes = int(tl.windows.w_a[j]), int(tl.state.w_b[j]), int(tl.windows.w_bytes[j])
         done = []
         try:
             with tl.recording() as journal:
@@ -509,7 +509,7 @@ class Refiner:
             newp = tl.new_value_at(j, REC, e2, p)
             if not (cost < max(e.cost_s, 0.0) and newp < m_p):
                 return
-            lo = min(int(tl.t_last[t]) for t in rets) + 1
+            lo = min(int(tl.tables.t_last[t]) for t in rets) + 1
             hi = max(rets.values())
             pos = np.arange(lo, hi + 1)
             vals = tl.memory()[lo:hi + 1] - np.where((a < pos) & (pos < b), nbytes, 0)
@@ -531,7 +531,7 @@ class Refiner:
         between the peak ``p`` and the use where memory is lowest, and keep it
         from there (early regeneration, like a prefetch; Checkmate's R may
         recompute a value at any stage before it is needed)."""
-        s, b = int(tl.w_s[j]), int(tl.w_b[j])
+        s, b = int(tl.windows.w_s[j]), int(tl.state.w_b[j])
         if b - p < 2:
             return
         q = p + 1 + int(np.argmin(tl.memory()[p + 1:b]))
@@ -613,12 +613,12 @@ class Refiner:
         if mv.shrink is not None:
             tl.set_before(j, mv.shrink.position, mv.shrink.tensors)
         tl.apply(j, mv.policy, mv.eff)
-        records[j] = explain(self.problem, step=step, storage=int(tl.w_s[j]),
-                             after=int(tl.w_a[j]), before=int(tl.w_b[j]), policy=Policy.of_code(mv.policy).value,
-                             nbytes=int(tl.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
+        records[j] = explain(self.problem, step=step, storage=int(tl.windows.w_s[j]),
+                             after=int(tl.windows.w_a[j]), before=int(tl.state.w_b[j]), policy=Policy.of_code(mv.policy).value,
+                             nbytes=int(tl.windows.w_bytes[j]), peak_bytes=peak, peak_pos=p, removed_bytes=mv.removed,
                              added_s=max(mv.eff.cost_s, 0.0), recompute_s=mv.rec_s, swap_s=mv.swap_s,
                              reason=reason or mv.reason, raised_pos=mv.raised_pos, raised_bytes=mv.raised_bytes,
-                             early_from=int(tl.orig_b[j]) if mv.shrink is not None and mv.shrink.early else None)
+                             early_from=int(tl.windows.orig_b[j]) if mv.shrink is not None and mv.shrink.early else None)
 
     # ------------------------------------------------------------ finish (composed: finish.Finisher)
     def prepare(self, snap: Snapshot, budget: int, undo: bool = True, exchange: bool | None = None,

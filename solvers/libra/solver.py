@@ -418,11 +418,11 @@ class _BulkSwapRefiner(Refiner):
         tl, problem = self.tl, self.problem
         tl.swap_bulk(np.flatnonzero(self.enabled))
         peak, pos = tl.peak()
-        stall = dict(zip(tl.swap.ids.tolist(), tl.swap.stall_s.tolist()))
-        for k, j in enumerate(tl.swap.ids.tolist()):
-            self.records[j] = explain(problem, step=k, storage=int(tl.w_s[j]), after=int(tl.w_a[j]),
-                                      before=int(tl.w_b[j]), policy="swap", nbytes=int(tl.w_bytes[j]),
-                                      peak_bytes=peak, peak_pos=pos, removed_bytes=int(tl.w_bytes[j]),
+        stall = dict(zip(tl.state.swap.ids.tolist(), tl.state.swap.stall_s.tolist()))
+        for k, j in enumerate(tl.state.swap.ids.tolist()):
+            self.records[j] = explain(problem, step=k, storage=int(tl.windows.w_s[j]), after=int(tl.windows.w_a[j]),
+                                      before=int(tl.state.w_b[j]), policy="swap", nbytes=int(tl.windows.w_bytes[j]),
+                                      peak_bytes=peak, peak_pos=pos, removed_bytes=int(tl.windows.w_bytes[j]),
                                       added_s=stall[j], recompute_s=None, swap_s=stall[j],
                                       reason=REASON_ONLY_POLICY)
         self.step = len(self.records)
@@ -888,8 +888,8 @@ class LibraSolver(Solver):
         variant often ends where the plain descent does."""
         tl = snap.timeline
         return (type(ref).__name__, repr(dataclasses.replace(ref.opts, retain_inputs=None)), ref.mode,
-                tl.pol.tobytes(), tl.w_b.tobytes(), tl.floor.tobytes(), tl.wait.tobytes(),
-                tuple(sorted(tl.t_until.items())), tuple(sorted(tl.w_early.items())))
+                tl.state.pol.tobytes(), tl.state.w_b.tobytes(), tl.state.floor.tobytes(), tl.state.wait.tobytes(),
+                tuple(sorted(tl.state.t_until.items())), tuple(sorted(tl.state.w_early.items())))
 
     @staticmethod
     def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
@@ -902,7 +902,7 @@ class LibraSolver(Solver):
         best = None
         for est, k, prepared, tag in sorted(cands, key=lambda c: (c.estimate, c.descent)):
             top = min(below, best.plan.simulation.added_s) if best is not None else below
-            if (best is not None and met_only) or (est >= top and not prepared.timeline.swap.pessimistic):
+            if (best is not None and met_only) or (est >= top and not prepared.timeline.state.swap.pessimistic):
                 break   # its estimate is not pessimistic and already no better than a simulated plan
             plan = refs[k].realize(prepared, snaps[k], budget)
             if plan is None:
@@ -927,7 +927,7 @@ class LibraSolver(Solver):
             if c.descent not in first and id(c.prepared) not in shared:
                 first[c.descent] = c
                 shared.add(id(c.prepared))
-        plans = [(int((c.prepared.timeline.pol == SWAP).sum()), c) for c in first.values()]
+        plans = [(int((c.prepared.timeline.state.pol == SWAP).sum()), c) for c in first.values()]
         plans.sort(key=lambda x: (x[0], x[1].estimate, x[1].descent))
         out, cheapest = [], math.inf
         for swaps, (est, k, prepared, _) in plans[:self.SWITCH_PLANS]:

@@ -94,22 +94,22 @@ def _switchable(tl: Timeline, j: int, policy: int) -> bool:
     storage (segment-wise regeneration) may become a swap that brings the
     storage back by then."""
     other = SWAP if policy == REC else REC
-    s = int(tl.w_s[j])
-    if int(tl.pol[j]) != other or s in tl.s_retained or int(tl.w_bytes[j]) <= 0:
+    s = int(tl.windows.w_s[j])
+    if int(tl.state.pol[j]) != other or s in tl.state.s_retained or int(tl.windows.w_bytes[j]) <= 0:
         return False
-    if policy == REC and not tl.w_rec_ok[j]:
+    if policy == REC and not tl.windows.w_rec_ok[j]:
         return False
-    return not any(int(tl.pol[k]) == other for k in tl.s_win.get(s, ()) if k != j)
+    return not any(int(tl.state.pol[k]) == other for k in tl.state.s_win.get(s, ()) if k != j)
 
 
 def _swap_order(ref: HasProblem, tl: Timeline, records: dict) -> list[int]:
     """Swapped windows to try moving to recomputation: most stall first, then
     the cheapest producer to recompute (at most :data:`MAX_SWAP_TRIES`)."""
-    sw = tl.swap
+    sw = tl.state.swap
     stall = dict(zip(sw.ids.tolist(), sw.stall_s.tolist()))
     rt = ref.problem.recompute_time
     cand = [j for j in records if _switchable(tl, j, REC)]
-    cand.sort(key=lambda j: (-stall.get(j, 0.0), float(rt[tl.w_prod[j]]), j))
+    cand.sort(key=lambda j: (-stall.get(j, 0.0), float(rt[tl.windows.w_prod[j]]), j))
     return cand[:MAX_SWAP_TRIES]
 
 
@@ -167,7 +167,7 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
         The switched timeline (a copy), its records and how many switches were
         taken; ``tl`` and ``records`` themselves where none was.
     """
-    if not records or not tl.overlap or int(tl.memory().max()) > budget:
+    if not records or not tl.tables.overlap or int(tl.memory().max()) > budget:
         return tl, records, 0
     state = _Switched(tl, dict(records))
     switched: set[int] = set()   # windows this pass moved: never moved back

@@ -47,11 +47,11 @@ def undo_pass(tl: Timeline, records: dict, budget: int) -> int:
     mem = tl.memory()
     for j in sorted(records, key=lambda k: (-records[k].added_s, -records[k].step)):
         # quick test first: the storage back over its whole off range must fit
-        if tl.pol[j] == REC:
-            lo, hi = int(tl.w_a[j]) + 1, int(tl.w_b[j]) - 1
+        if tl.state.pol[j] == REC:
+            lo, hi = int(tl.windows.w_a[j]) + 1, int(tl.state.w_b[j]) - 1
         else:
-            lo, hi = int(tl.sw_r0[j]), int(tl.sw_pos[j])
-        if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.w_bytes[j]) > budget:
+            lo, hi = int(tl.state.sw_r0[j]), int(tl.state.sw_pos[j])
+        if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.windows.w_bytes[j]) > budget:
             continue
         eff = tl.evaluate(j, KEEP)
         if eff.feasible and eff.raised_max <= budget:
@@ -70,15 +70,15 @@ def fix_shrunk(tl: Timeline, records: dict, orig_b: np.ndarray) -> None:
     ``orig_b``); ``tl`` and ``records`` are changed in place."""
     for _ in range(4):
         broken = []
-        for j in np.flatnonzero((tl.w_b != orig_b) & (tl.pol == REC)).tolist():
-            s, q = int(tl.w_s[j]), int(tl.w_b[j])
-            ch = tl.chains.get(q)
-            if ch is None or not any(tl.t_storage[t] == s for t in ch.made):
+        for j in np.flatnonzero((tl.state.w_b != orig_b) & (tl.state.pol == REC)).tolist():
+            s, q = int(tl.windows.w_s[j]), int(tl.state.w_b[j])
+            ch = tl.state.chains.get(q)
+            if ch is None or not any(tl.tables.t_storage[t] == s for t in ch.made):
                 broken.append(j)
         if not broken:
             return
         for j in broken:
-            s, b = int(tl.w_s[j]), int(orig_b[j])
+            s, b = int(tl.windows.w_s[j]), int(orig_b[j])
             tl.apply(j, KEEP)
             tl.set_before(j, b, tl.tensors_read_at(s, b))
             tl.apply(j, REC)
@@ -93,14 +93,14 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
     it saves time: the window ends at that chain, the earliest such chain
     after which the storage fits under the budget.  Returns how many."""
     done = 0
-    for j in sorted((k for k in records if tl.pol[k] == REC), key=lambda k: -int(tl.w_a[k])):
-        s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
-        qs = [q for q in tl.touch.get(s, ()) if a < q < b and q in tl.chains
-              and any(tl.t_storage[t] == s for t in tl.chains[q].made)]
+    for j in sorted((k for k in records if tl.state.pol[k] == REC), key=lambda k: -int(tl.windows.w_a[k])):
+        s, a, b = int(tl.windows.w_s[j]), int(tl.windows.w_a[j]), int(tl.state.w_b[j])
+        qs = [q for q in tl.state.touch.get(s, ()) if a < q < b and q in tl.state.chains
+              and any(tl.tables.t_storage[t] == s for t in tl.state.chains[q].made)]
         for q in sorted(qs):   # the earliest chain first (most saved); a later one where that does not fit
-            if int(tl.memory()[q:b].max()) + int(tl.w_bytes[j]) > budget:
+            if int(tl.memory()[q:b].max()) + int(tl.windows.w_bytes[j]) > budget:
                 continue
-            made = [t for t in tl.chains[q].made if tl.t_storage[t] == s]
+            made = [t for t in tl.state.chains[q].made if tl.tables.t_storage[t] == s]
             cost = tl.added_s()
             old = tl.window_state(j)
             with tl.recording() as journal:
@@ -111,7 +111,7 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
                 break
             tl.move_end(j, state=old, replay=False)   # no gain or over budget: back to the window it had
             tl.restore_chains(journal)
-    if done and tl.swap.ids.size:
+    if done and tl.state.swap.ids.size:
         tl.refresh_swaps()
     return done
 
@@ -126,27 +126,27 @@ def retain_inputs(tl: Timeline, budget: int) -> int:
     timeline and taken back if it goes over budget or saves nothing.
     Returns how many were kept."""
     cands = []
-    for q, ch in tl.chains.items():
+    for q, ch in tl.state.chains.items():
         if ch is None:
             continue
         for t in ch.made:
-            if tl.t_last_eff[t] < q and tl.retainable(t):
-                cands.append((-tl.n_time[tl.t_prod[t]], q, t))
+            if tl.state.t_last_eff[t] < q and tl.retainable(t):
+                cands.append((-tl.tables.n_time[tl.tables.t_prod[t]], q, t))
     if not cands:
         return 0
     cands.sort()
     done = 0
     mem = tl.memory()
     for _, q, t in cands:
-        ch = tl.chains.get(q)
-        if ch is None or t not in ch.made or tl.t_last_eff[t] >= q:
+        ch = tl.state.chains.get(q)
+        if ch is None or t not in ch.made or tl.state.t_last_eff[t] >= q:
             continue   # an earlier retention changed this chain
-        s = tl.t_storage[t]
+        s = tl.tables.t_storage[t]
         end = tl.storage_end(s)
-        held = int(tl.t_nbytes[s]) if tl.t_act[s] else 0   # a view of an input: its storage stays resident
+        held = int(tl.tables.t_nbytes[s]) if tl.tables.t_act[s] else 0   # a view of an input: its storage stays resident
         if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
             continue
-        cost, old = tl.added_s(), tl.t_until.get(t)
+        cost, old = tl.added_s(), tl.state.t_until.get(t)
         with tl.recording() as journal:
             tl.retain(t, q)
         mem = tl.memory()
@@ -156,7 +156,7 @@ def retain_inputs(tl: Timeline, budget: int) -> int:
         tl.retain(t, old, replay=False)   # over budget or no gain: as it was
         tl.restore_chains(journal)
         mem = tl.memory()
-    if done and tl.swap.ids.size:
+    if done and tl.state.swap.ids.size:
         tl.refresh_swaps()
     return done
 
@@ -175,14 +175,14 @@ def early_shift(problem: RematProblem, orig_b: np.ndarray, tl: Timeline, records
     ``(windows,)`` int64, each window's own end; ``budget`` in bytes.
     Returns the timeline and records (new objects where a shift was taken;
     ``tl`` and ``records`` themselves otherwise, unchanged)."""
-    if problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.t_until or len(records) < 2:
+    if problem.num_nodes > EARLY_SHIFT_MAX_NODES or not tl.state.t_until or len(records) < 2:
         return tl, records   # a shift gains through the undo pass: another decision to give back
     tries = 0
-    for j in sorted(k for k in records if tl.pol[k] == REC):
-        s, a, b = int(tl.w_s[j]), int(tl.w_a[j]), int(tl.w_b[j])
+    for j in sorted(k for k in records if tl.state.pol[k] == REC):
+        s, a, b = int(tl.windows.w_s[j]), int(tl.windows.w_a[j]), int(tl.state.w_b[j])
         if b != int(orig_b[j]) or j not in records:
             continue
-        rets = [t for t in problem.nodes[tl.t_prod[s]].inputs if tl.t_until.get(t) == b]
+        rets = [t for t in problem.nodes[tl.tables.t_prod[s]].inputs if tl.state.t_until.get(t) == b]
         if not rets:
             continue
         first = tl.tensors_read_at(s, b)
@@ -194,7 +194,7 @@ def early_shift(problem: RematProblem, orig_b: np.ndarray, tl: Timeline, records
             t2, r2 = tl.copy(), dict(records)
             t2.move_end(j, q, first)
             for t in rets:
-                t2.retain(t, q if q > t2.t_last[t] else None)
+                t2.retain(t, q if q > t2.tables.t_last[t] else None)
             if int(t2.memory().max()) > budget:
                 continue
             undo_pass(t2, r2, budget)
@@ -203,7 +203,7 @@ def early_shift(problem: RematProblem, orig_b: np.ndarray, tl: Timeline, records
                 best = (t2, r2)
         if best is not None:
             tl, records = best
-            if tl.swap.ids.size:
+            if tl.state.swap.ids.size:
                 tl.refresh_swaps()
     return tl, records
 

@@ -78,7 +78,7 @@ class Hypothesis:
 
 
 class EarlyEnd(NamedTuple):
-    """A recomputed window that ends early (``Timeline.w_early`` values): its
+    """A recomputed window that ends early (``TimelineState.w_early`` values): its
     chain runs before node ``at``, which does not read the storage, and
     regenerates ``tensors``, resident from there until their use (lowered as
     ``Eviction.regenerate``).  A tuple, so plans' keys that sort and compare

@@ -34,7 +34,7 @@ POLICIES = ("hybrid", "recompute", "swap")
 #: deterministic built-in solvers hashed with --all-solvers (besides libra's three policies)
 OTHER_SOLVERS = ("none", "checkpoint-all", "chen-sqrt", "chen-greedy", "swap-all", "checkmate-lp")
 #: checkmate-lp is hashed on problems of at most this many nodes (its LP grows with the square)
-LP_MAX_NODES = 300
+LP_MAX_NODES = 120
 BUDGETS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
 
 

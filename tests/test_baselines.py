@@ -340,7 +340,7 @@ def test_libra_pool_builds_only_plans_that_can_win():
     """``libra``'s baseline pool with ``below`` returns the same cheapest plan as without it wherever that
     plan is cheaper than ``below``, and builds no plan whose bound is above ``below``."""
     from libra_opt.simulator import no_remat_peak
-    from libra_opt.solvers.libra.solver import RECOMPUTE_BASELINES, _BaselinePool, _POOL_PLANS
+    from libra_opt.solvers.libra.solver import RECOMPUTE_BASELINES, _BaselinePool
     for p in _bound_problems():
         peak = no_remat_peak(p)
         full = _BaselinePool(p)
@@ -349,7 +349,7 @@ def test_libra_pool_builds_only_plans_that_can_win():
             if best is None:
                 continue
             for below in (best[1].simulation.added_s * 1.01 + 1e-9, best[1].simulation.added_s / 2):
-                _POOL_PLANS.pop(p, None)
+                p.tables.memo("libra.baseline_plans", dict).clear()   # a pool built afresh
                 pool = _BaselinePool(p)
                 hit = pool.best(RECOMPUTE_BASELINES, budget, below)
                 if best[1].simulation.added_s < below:
@@ -357,4 +357,4 @@ def test_libra_pool_builds_only_plans_that_can_win():
                     assert hit[1].schedule.instructions == best[1].schedule.instructions
                 built = [c for n in RECOMPUTE_BASELINES for c in pool.candidates(n) if c._plan is not None]
                 assert all(c.added_s_bound <= below * (1 + 1e-6) for c in built)
-        _POOL_PLANS.pop(p, None)
+        p.tables.memo("libra.baseline_plans", dict).clear()   # a pool built afresh

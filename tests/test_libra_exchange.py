@@ -85,7 +85,6 @@ def test_covering_program_prices_chained_recomputes(monkeypatch):
     within_optimum(p, (0.8,))
     r = solve(p, 0.8, "libra", policy="recompute")
     monkeypatch.setattr(X, "_chained_pairs", lambda tl, cols: [])
-    X._COVERS.clear()
     additive = solve(G.large_beside_small_graph(30, seed=3), 0.8, "libra", policy="recompute")
     assert r.added_s < additive.added_s
 

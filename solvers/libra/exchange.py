@@ -49,7 +49,6 @@ eviction window and its cost made additive).
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -87,8 +86,6 @@ COVER_GAP = 0.02
 COVER_NODES = 200
 #: time limit of the covering program, a safety net only (s)
 COVER_TIME_S = 5.0
-# the covering program's windows per problem and (window mode, margin, budget)
-_COVERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 #: relative saving an exchange must bring to be kept
 MIN_GAIN = 1e-9
@@ -297,7 +294,7 @@ def _cover_plan(ref: Evaluator, costs: OptionCosts, budget: int) -> tuple[Timeli
 def _covered(ref: Evaluator, costs: OptionCosts, budget: int, chained: bool) -> tuple[Timeline, dict] | None:
     """One covering program's plan (:func:`_cover_plan`), or ``None``."""
     key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget), chained)
-    per = _COVERS.setdefault(ref.problem, {})
+    per = ref.problem.tables.memo("libra.covers", dict)   # per (window mode, margin, budget, chained)
     if key not in per:
         per[key] = _cover_windows(ref, budget, chained)
     if not per[key]:

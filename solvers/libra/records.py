@@ -16,7 +16,6 @@ the records of its decisions, snapshots and plans.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol, Sequence
 
@@ -277,11 +276,6 @@ class Evaluator(Protocol):
         ``tl`` and record it in ``records`` (step ``-1``)."""
 
 
-# pristine timelines per problem, window mode and margin: the descents of one solve (and of later
-# solves of the same problem) start from copies, sharing the static arrays
-_TIMELINES: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
-
-
 def fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
     """A no-remat :class:`Timeline` over the ``mode`` windows: ``"default"``
     (one per storage, :func:`~libra_opt.passes.lowering.default_windows`) or
@@ -289,7 +283,9 @@ def fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
     ``margin`` is the swap overlap margin (dimensionless).  A copy of one
     built once per problem, mode and margin (the copies share its static
     arrays)."""
-    per = _TIMELINES.setdefault(problem, {})
+    # pristine timelines per window mode and margin, kept with the problem's tables: the descents of
+    # one solve (and of later solves of the same problem) start from copies, sharing the static arrays
+    per = problem.tables.memo("libra.timelines", dict)
     key = (mode, float(margin))
     if key not in per:
         if mode == "default":

@@ -96,7 +96,6 @@ import gc
 import logging
 import math
 import time
-import weakref
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
@@ -307,10 +306,6 @@ REACH_BASELINES = ("swap-all", "checkpoint-all")
 #: recompute-only mode's portfolio, compared at every budget (each a recompute-only plan)
 RECOMPUTE_BASELINES = ("checkpoint-all", "chen-sqrt", "chen-greedy")
 
-# the baselines' plans per problem (budget-independent): built once, shared by later solves
-_POOL_PLANS: "weakref.WeakKeyDictionary[RematProblem, dict]" = weakref.WeakKeyDictionary()
-
-
 class _BaselinePool:
     """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.candidates`
     and its siblings: each a fixed set of budget-independent plans), built
@@ -323,7 +318,8 @@ class _BaselinePool:
     def __init__(self, problem: RematProblem):
         self.problem = problem
         self.floor = memory_lower_bound(problem)   # below it nothing fits: no baseline is built
-        self._cands: dict[str, list[BaselineCandidate]] = _POOL_PLANS.setdefault(problem, {})
+        self._cands: dict[str, list[BaselineCandidate]] = problem.tables.memo(
+            "libra.baseline_plans", dict)   # budget-independent: built once per problem, shared by later solves
 
     def _failed(self, name: str, e: Exception) -> None:
         log.warning("libra: baseline %r failed on %r (%s: %s); left out of the portfolio", name,

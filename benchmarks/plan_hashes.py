@@ -1,5 +1,5 @@
-"""Hash the instruction lists of plans on the instances in ``problems/`` (and
-any other problem files or instance folders given, e.g. the shared graphs).
+"""Hash the instruction lists of plans on the instances in ``problems/`` (or
+the problem files given: libra problem files or external graphs).
 
 A regression check for changes that must leave plans alone: run it before and
 after a change and compare the two JSON files (``--compare OLD NEW`` lists the
@@ -9,15 +9,18 @@ after a change and compare the two JSON files (``--compare OLD NEW`` lists the
     python benchmarks/plan_hashes.py -o after.json
     python benchmarks/plan_hashes.py --compare before.json after.json
 
-    python benchmarks/plan_hashes.py --all-solvers problems/*.json.gz ../shared/remat-graphs/*.json
+    python benchmarks/plan_hashes.py --all-solvers problems/*.json.gz REMAT_GRAPHS/*.json
+
+(``REMAT_GRAPHS``: the folder of the external Checkmate / Moccasin graphs, see
+``benchmarks/README.md``.)
 
 Each cell is ``solve_many(problem, budgets, solver="libra", policy=...)``'s
 result for one budget (with ``--all-solvers``, also every deterministic
 built-in solver's: the baselines, and ``checkmate-lp`` on problems of at
-most ``LP_MAX_NODES`` nodes; the time-limited MILPs
-are left out, as their plans depend on the machine's speed): the SHA-256 of the schedule's ``(op, arg)`` list with
-the simulated peak (bytes) and step time (s), or ``"infeasible"``, or the
-error's type and message.
+most ``LP_MAX_NODES`` nodes; the time-limited MILPs are left out, as their
+plans depend on the machine's speed): the SHA-256 of the schedule's ``(op,
+arg)`` list with the simulated peak (bytes) and step time (s), or
+``"infeasible"``, or the error's type and message.
 """
 from __future__ import annotations
 

@@ -103,14 +103,9 @@ def forward_cut_points(problem: RematProblem) -> list[int]:
     return [v for v in range(max(end - 1, 0)) if foreign[v] == 0]
 
 
-def _last_uses(problem: RematProblem) -> dict[int, int]:
-    """Tensor id -> last consumer position (the producer itself if unread)."""
-    return {t.id: (t.consumers[-1] if t.consumers else (t.producer if t.producer is not None else -1))
-            for t in problem.tensors}
-
-
-def _chain_facts(problem: RematProblem) -> tuple[dict[int, int], list[bool]]:
-    """Per problem (built once): :func:`_last_uses`, and per tensor whether
+def _chain_facts(problem: RematProblem) -> tuple[list[int], list[bool]]:
+    """Per problem (built once): each tensor's last use (``problem.tables.t_last``:
+    its last consumer, else its producer), and per tensor whether
     it is *tainted*: an activation whose producer is not recomputable or
     reads a tainted activation, i.e. one from which a walk back through
     activations can reach a non-recomputable producer.  A recomputation
@@ -119,7 +114,7 @@ def _chain_facts(problem: RematProblem) -> tuple[dict[int, int], list[bool]]:
     answer, without walking the chains of graphs that have no
     non-recomputable op behind them).  Kept in ``problem.tables``
     (:meth:`~libra_opt.ir.tables.ProblemTables.memo`)."""
-    return problem.tables.memo("baselines.chain_facts", lambda: (_last_uses(problem), _tainted(problem)))
+    return problem.tables.memo("baselines.chain_facts", lambda: (problem.tables.t_last, _tainted(problem)))
 
 
 def _tainted(problem: RematProblem) -> list[bool]:

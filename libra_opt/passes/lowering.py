@@ -156,18 +156,6 @@ def all_windows(problem: RematProblem) -> list[tuple[int, int, int]]:
             for x, y in zip(uses, uses[1:]) if y - x >= 2]
 
 
-class _Both:
-    """Membership in two sets at once (``t in made and t in resident``)."""
-
-    __slots__ = ("a", "b")
-
-    def __init__(self, a: set, b: set):
-        self.a, self.b = a, b
-
-    def __contains__(self, t) -> bool:
-        return t in self.a and t in self.b
-
-
 class _Lowerer:
     def __init__(self, problem: RematProblem, evictions: Iterable[Eviction], prefetch):
         self.p = p = problem
@@ -466,7 +454,8 @@ class _Lowerer:
 
     def _drop_unneeded(self, cands, pending, made, i) -> None:
         live = self.resident
-        for t in dropped_after_step(cands, _Both(made, live), pending, i, self._t_out, self._last_eff,
+        # only what this chain made can be freed by it: the rule's "resident" is made and still live
+        for t in dropped_after_step([t for t in cands if t in made], live, pending, i, self._t_out, self._last_eff,
                                     self._storage, self._is_off):
             if not self._is_off(self._storage[t], i) and self._defer_base(t):
                 continue

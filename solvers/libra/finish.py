@@ -77,22 +77,44 @@ class Finisher:
         caller that only asks whether the budget is met, as each of them
         keeps the estimated peak within it.  The snapshot is not changed."""
         ev, opts = self.ev, self.ev.opts
-        tl = snap.timeline.copy()
-        records = dict(snap.records)
+        exchange = opts.exchange if exchange is None else exchange
         undone = 0
         if opts.undo and undo:
-            undone = undo_pass(tl, records, budget)
-            if opts.exchange if exchange is None else exchange:
+            tl, records, undone = self._undone(snap, budget, keep=bool(opts.exchange) and not exchange)
+            if exchange:
                 # as at the snapshot: solve_many equals solve
                 tl, records, _ = exchange_moves(ev, self._costs(snap), tl, records, budget, snap.evals)
             if polish:
                 keep_regenerated(tl, records, budget)
+        else:
+            tl, records = snap.timeline.copy(), dict(snap.records)
         if opts.retain and ev.allow_rec and polish:
             retain_inputs(tl, budget)
             if opts.undo and undo and opts.early:
                 tl, records = early_shift(ev.problem, ev.orig_b, tl, records, budget)
         fix_shrunk(tl, records, ev.orig_b)
         return Prepared(tl, records, undone)
+
+    def _undone(self, snap: Snapshot, budget: int, keep: bool) -> tuple[Timeline, dict, int]:
+        """The snapshot's timeline and records after the undo pass for
+        ``budget`` (bytes), and how many decisions it undid: copies the
+        caller may change.  The solver prepares a snapshot without, then
+        with exchange moves (``LibraSolver._libra_plan``): with ``keep``, the
+        result is kept (the descent's ``undo_memo``, one budget at a time) for
+        that second call, which then starts from it instead of undoing again
+        (the pass is deterministic: the plans are the same)."""
+        memo = self.ev.undo_memo
+        hit = memo.pop((id(snap), budget), None)
+        if hit is not None and hit[0] is snap:
+            tl, records, undone = hit[1].copy(), dict(hit[2]), hit[3]
+        else:
+            tl, records = snap.timeline.copy(), dict(snap.records)
+            undone = undo_pass(tl, records, budget)
+        if keep:
+            if any(b != budget for _, b in memo):
+                memo.clear()   # one budget at a time: a sweep finishes its budgets one after another
+            memo[(id(snap), budget)] = (snap, tl.copy(), dict(records), undone)
+        return tl, records, undone
 
     def realize(self, prepared: Prepared, snap: Snapshot, budget: int,
                 repair: bool = True) -> FinishedPlan | None:

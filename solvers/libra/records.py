@@ -251,6 +251,9 @@ class Evaluator(Protocol):
         evaluations made through :meth:`evaluate`).
     costs : OptionCosts
         The descent's live option-cost caches.
+    undo_memo : dict
+        The finish step's memo of undo passes (``finish.Finisher._undone``):
+        ``(id(snapshot), budget) -> (snapshot, timeline, records, undone)``.
     """
     problem: RematProblem
     opts: object
@@ -260,6 +263,7 @@ class Evaluator(Protocol):
     eps: float
     evals: int
     costs: OptionCosts
+    undo_memo: dict
 
     def candidates(self, tl: Timeline, p: int) -> np.ndarray:
         """Window ids a move may change at peak position ``p`` of ``tl``."""

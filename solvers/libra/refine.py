@@ -135,6 +135,7 @@ class Refiner:
         self.step_cap: int | None = None        # most steps (a variant of a portfolio: see LibraSolver)
         self.capped_by: "Refiner | None" = None   # the descent whose step count sets step_cap
         self._final: Snapshot | None = None
+        self.undo_memo: dict = {}   # (id(snapshot), budget) -> the undo pass's result (finish.Finisher._undone)
         self._final_peak: int | None = None
 
     # ------------------------------------------------------------ descent

@@ -239,12 +239,17 @@ class Timeline:
             if policy == SWAP:
                 ids = np.append(ids, j)
             new_swap = swap_layer(pt, wt, st, ids, st.regen_time, (j, floor if policy == SWAP else 0), (j, wait))
-            hyp_pos = dict(zip(new_swap.ids.tolist(), new_swap.prefetch.tolist()))
             old_pos = st.sw_pos[new_swap.ids]
             moved = (old_pos != new_swap.prefetch) & (new_swap.ids != j)
+            # the hypothesis's prefetch positions where they differ from the state's (``st.pos``, which
+            # chains.prefetch_pos falls back to): the moved swaps and window j itself
+            hyp_pos = {}
             for k, was, now in zip(new_swap.ids[moved].tolist(), old_pos[moved].tolist(),
                                    new_swap.prefetch[moved].tolist()):
+                hyp_pos[k] = now
                 self._add_crossed(pts, k, was, now)   # chains reading swaps whose prefetch moved past them
+            if policy == SWAP:
+                hyp_pos[j] = int(new_swap.prefetch[np.searchsorted(new_swap.ids, j)])
         st.hyp = Hypothesis(j, policy, s, hyp_pos)
         try:
             chains = {q: chain_at(pt, wt, st, q) for q in sorted(pts)}

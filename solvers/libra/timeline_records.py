@@ -65,7 +65,9 @@ class Hypothesis:
         The window's storage id (the chain replay checks it before the window).
     prefetch : dict or None
         Swap window id -> position after which its swap-in is issued under the
-        hypothesis (the new swap layer's), or ``None`` when swaps do not change.
+        hypothesis (the new swap layer's), for the swaps whose position
+        differs from the state's (``TimelineState.pos``, read for the others)
+        and the window itself if swapped; ``None`` when swaps do not change.
 
     Not frozen: a frozen dataclass takes about 3x as long to build, and one
     is built per evaluation (read speed is a tuple's; measured with timeit).

@@ -23,6 +23,7 @@ Usage::
     python benchmarks/libra_patterns.py                       # generated graphs, MILP 60 s per solve
     python benchmarks/libra_patterns.py --graphs GRAPHS --time-limit 120
     python benchmarks/libra_patterns.py --quick               # the small pattern graphs only
+    python benchmarks/libra_patterns.py --only vgg_segmentation unet --out benchmarks/results/libra_patterns_cnn.csv
 
 Prints a markdown table and the count of rows over 1.05x a proven optimum or
 above a baseline; writes ``benchmarks/results/libra_patterns.csv``.
@@ -66,6 +67,8 @@ def main(argv=None) -> int:
     p.add_argument("--graphs", help="folder of Moccasin's node-link graphs (for random_layered_n100)")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per MILP solve (default 60)")
     p.add_argument("--quick", action="store_true", help="the small pattern graphs only")
+    p.add_argument("--only", nargs="*", default=None, metavar="NAME",
+                   help="only instances whose name contains one of these (e.g. vgg_segmentation unet)")
     p.add_argument("--out", default=str(RESULTS / "libra_patterns.csv"))
     args = p.parse_args(argv)
     from libra_opt.passes.simulator import no_remat_peak
@@ -75,6 +78,8 @@ def main(argv=None) -> int:
     print("| instance | budget | MILP status | optimum | libra | ratio | best baseline | libra CPU s |")
     print("|---|---|---|---|---|---|---|---|")
     for prob, fracs in instances(args):
+        if args.only and not any(name in prob.name for name in args.only):
+            continue
         first = True
         for frac in fracs:
             budget = frac

@@ -130,6 +130,37 @@ def test_stated_minimum_is_met_and_tight(policy):
     assert rs[0].min_feasible_bytes <= 1.01 * m
 
 
+
+@pytest.mark.parametrize("policy", ["hybrid", "recompute"])
+def test_a_budget_under_the_memory_floor_skips_the_descents_at_it(policy, monkeypatch):
+    """Under the memory floor no plan fits: a solve (and a sweep) goes straight to stating the
+    smallest budget it meets, without descending towards, finishing or falling back at the
+    budget asked (which cost seconds on small graphs), and that minimum is met."""
+    from libra_opt.solvers.libra.refine import Refiner
+
+    p = slow_layered(120, 0)
+    floor = memory_lower_bound(p)
+    asked = []
+    descend = Refiner.descend
+
+    def spy(self, budgets, to_end=False):
+        asked.extend(budgets)
+        return descend(self, budgets, to_end)
+
+    monkeypatch.setattr(Refiner, "descend", spy)
+    solver = get_solver("libra", policy=policy)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solver.solve(p, floor // 2)
+    m = info.value.min_feasible_bytes
+    assert floor // 2 not in asked and asked and min(asked) >= floor - 1
+    assert floor <= m <= no_remat_peak(p)
+    assert_fits(p, solver.solve(p, m))
+    asked.clear()
+    rs = solver.solve_many(p, [floor // 2, m])
+    assert not rs[0].success and rs[0].min_feasible_bytes == m and rs[1].success
+    assert floor // 2 not in asked
+
+
 def test_cli_explain_names_a_baseline_plan(tmp_path, capsys):
     """``libra-opt solve --explain`` says where hybrid's plan is a baseline's rather than listing
     no evictions (here, with the descents cut short by a time limit, ``swap-all``'s is the only

@@ -26,6 +26,7 @@ REASON_REPAIR = "repair"                #: added against the simulated timeline 
 REASON_SWAP_NO_GAIN = "swap-no-gain"    #: the swap would not lower the peak (its transfer window misses it)
 REASON_SWITCH = "switch"                #: an earlier decision changes policy to cover a new peak
 REASON_EXCHANGE = "exchange"            #: taken instead of a costlier decision given back (exchange move)
+REASON_REVERSE = "reverse"              #: kept from the store-nothing plan, which the budget needs (reverse greedy)
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,9 @@ def explain(problem: RematProblem, *, step: int, storage: int, after: int, befor
     elif reason == REASON_EXCHANGE:
         why = ("taken in an exchange: a costlier decision was given back and the budget covered again "
                "by cheaper evictions")
+    elif reason == REASON_REVERSE:
+        why = ("kept from the plan that recomputes every activation (the descents stopped above the budget); "
+               "the budget does not allow giving it back")
     elif reason == REASON_REPAIR:
         why = "added against the simulated timeline (the estimate was under the budget, the simulation was not)"
     elif policy == "swap":

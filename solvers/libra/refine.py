@@ -149,6 +149,11 @@ class Refiner:
             self.busy_s += time.perf_counter() - self._since
             self._since = None
 
+    @property
+    def label(self) -> str:
+        """The name a plan of this descent gets in ``extras["descent"]``: its policy."""
+        return self.opts.policy
+
     def clock_s(self) -> float:
         """Seconds this descent has spent refining (inside :meth:`descend`),
         not wall time since it was built: the descents of a portfolio run one

@@ -45,8 +45,9 @@ and :mod:`~libra_opt.solvers.libra.reshape`),
 :mod:`~libra_opt.solvers.libra.records` (the records the parts share: moves,
 snapshots, prepared and finished plans, the descent's interface),
 :mod:`~libra_opt.solvers.libra.tidy` (the estimate-only passes over a
-prepared plan), :mod:`~libra_opt.solvers.libra.exchange` (exchange moves) and
-:mod:`~libra_opt.solvers.libra.switch` (policy switches).  The finish step is
+prepared plan), :mod:`~libra_opt.solvers.libra.exchange` (exchange moves),
+:mod:`~libra_opt.solvers.libra.switch` (policy switches) and
+:mod:`~libra_opt.solvers.libra.reverse` (the reverse greedy).  The finish step is
 composed around a descent (``Finisher(refiner)``), not inherited.
 
 Beyond the thesis: a swap-in may be delayed past the peak it must cover
@@ -71,7 +72,12 @@ and swapped in right before its use, then what the budget does not need given
 back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-only mode the portfolio holds
 ``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
 budget (on problems of up to 1,000 nodes; on larger ones where no descent
-meets the budget).  After the undo pass, *exchange moves*
+meets the budget); in both modes, where no descent meets a budget, the
+*reverse greedy* (:mod:`~libra_opt.solvers.libra.reverse`: ``checkpoint-all``'s
+store-nothing plan, then what the budget affords given back by the finish
+step; problems of up to 200 nodes), and a budget under the memory floor
+(no plan fits) skips the descents and goes to the tightening of the stated
+minimum.  After the undo pass, *exchange moves*
 (:mod:`~libra_opt.solvers.libra.exchange`) give back one of the most
 expensive decisions and cover the budget again with cheaper ones (several
 small recomputes instead of one large one), and a recomputation whose chain
@@ -114,6 +120,7 @@ from .explain import REASON_ONLY_POLICY, explain
 from .estimate import SWAP
 from .records import FinishedPlan, Prepared, Snapshot
 from .refine import Refiner
+from .reverse import ReverseRefiner
 from .switch import switch_policies
 from ..registry import register_solver, solver_class
 from ..result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
@@ -569,7 +576,9 @@ class LibraSolver(Solver):
         ``False``: hybrid reaches as low as swap-only mode), and in swap-only
         mode on problems of more than
         :attr:`POOL_MAX_NODES` nodes the descents above only for the budgets
-        it misses.  ``force``: for
+        it misses; in recompute-only and hybrid mode with the portfolio, on
+        problems of at most :attr:`REVERSE_MAX_NODES` nodes, the reverse
+        greedy (:class:`~libra_opt.solvers.libra.reverse.ReverseRefiner`).  ``force``: for
         every budget of ``budgets`` (their snapshots did not lower within
         them), as a solve of several budgets runs them for one it misses."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
@@ -603,6 +612,10 @@ class LibraSolver(Solver):
                 # it takes many more steps than the others: on large problems, at most as long as they took
                 ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
             more.append(ref)
+        if (o.policy != "swap" and o.portfolio and problem.num_nodes <= self.REVERSE_MAX_NODES
+                and not any(isinstance(r, ReverseRefiner) for r in refs)):
+            # the reverse greedy: the store-nothing plan, then what the budget affords given back
+            more.append(ReverseRefiner(problem, dataclasses.replace(refs[0].opts, policy="recompute", windows="default")))
         if not more:
             return bulk, bulk_snaps
         for ref in more:
@@ -644,10 +657,41 @@ class LibraSolver(Solver):
 
     def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         pool = self._pool(problem)
+        below = self._below_floor(problem, budget_bytes, pool)
+        if below is not None:
+            raise self._tightened(problem, below, pool)
         try:
             return self._solve_at(problem, budget_bytes, pool)
         except InfeasibleBudgetError as e:
             raise self._tightened(problem, e, pool) from None
+
+    def _under_floor(self, problem: RematProblem, budget: int) -> bool:
+        """``budget`` (bytes) is under the memory floor and the descents are
+        not bounded by ``max_steps`` or ``time_limit_s`` (:meth:`_below_floor`)."""
+        o = self.options
+        return o.max_steps is None and o.time_limit_s is None and budget < memory_lower_bound(problem)
+
+    def _below_floor(self, problem: RematProblem, budget: int,
+                     pool: _BaselinePool | None) -> InfeasibleBudgetError | None:
+        """Where ``budget`` (bytes) is under the memory floor
+        (:func:`~libra_opt.bounds.memory_lower_bound`: no plan of any kind
+        fits there), the error to tighten, stated at the least memory of the
+        baselines of the ``pool`` a solve falls back on (:meth:`_plan`), or
+        at the no-remat peak (which the descents always meet), and ``None``
+        elsewhere: the descents,
+        fallbacks and finish steps at that budget are skipped (seconds on
+        small graphs, where the bulk move's finish undoes every swap), and
+        the tightening (:meth:`_tightened`) searches from the floor up.  Not
+        where ``max_steps`` or ``time_limit_s`` bound the descents (their
+        stated minimum is then the descents' own, which needs them run)."""
+        if not self._under_floor(problem, budget):
+            return None
+        o = self.options
+        least = no_remat_peak(problem)
+        if pool is not None:
+            least = min(least, pool.min_peak(RECOMPUTE_BASELINES if o.policy == "recompute" else REACH_BASELINES)
+                        or least)
+        return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
     def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None) -> RawSolution:
         """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``."""
@@ -692,6 +736,10 @@ class LibraSolver(Solver):
     #: for copies out (``LibraOptions.swap_waits``) refines for at most this share of the seconds the
     #: other descents took (at least 1 s): it takes many more steps (minutes on thousands of nodes)
     SWAP_WAIT_SHARE = 1.0
+    #: the reverse greedy (:class:`~libra_opt.solvers.libra.reverse.ReverseRefiner`, a fallback where no
+    #: descent meets a budget) on problems of at most this many nodes (its undo pass replays chains back to
+    #: the inputs: quadratic in depth)
+    REVERSE_MAX_NODES = 200
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
     #: budgets planned per round
@@ -848,13 +896,13 @@ class LibraSolver(Solver):
             if found is not None and found.plan.simulation.added_s < best.plan.simulation.added_s:
                 best = found
         if best is not None:
-            return self._raw(best.plan, refs[best.descent].opts.policy + best.tag)
+            return self._raw(best.plan, refs[best.descent].label + best.tag)
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
                 plan = (ref.finish(final, budget, polish=polish) or ref.finish(final, budget, undo=False, repair=False)
                         or ref.as_lowered(final))   # the plan min_feasible_bytes measured
-                return self._raw(plan, ref.opts.policy)
+                return self._raw(plan, ref.label)
         # the end of a descent over the budget as it is can fit once the undo pass gives back the
         # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
         last = None
@@ -870,7 +918,7 @@ class LibraSolver(Solver):
                     if met_only:
                         break
         if last is not None:
-            return self._raw(last[0], last[1].opts.policy)
+            return self._raw(last[0], last[1].label)
         return None
 
     @staticmethod
@@ -996,9 +1044,10 @@ class LibraSolver(Solver):
         if not problem.num_nodes:
             return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
         refs = self._refiners(problem)
-        snaps = self._descend_all(refs, bb)
+        aim = [b for b in bb if not self._under_floor(problem, b)]   # (the others: no plan fits, _below_floor)
+        snaps = self._descend_all(refs, aim)
         base = (list(refs), list(snaps))
-        more, more_snaps = self._fallbacks(problem, refs, bb, snaps)
+        more, more_snaps = self._fallbacks(problem, refs, aim, snaps)
         refs, snaps = refs + more, snaps + more_snaps
         spent = [ref.clock_s() for ref in refs]
         pool = self._pool(problem)
@@ -1006,6 +1055,13 @@ class LibraSolver(Solver):
         for b in bb:
             t1 = time.perf_counter()
             these = [s.get(b) for s in snaps]
+            below = self._below_floor(problem, b, pool)
+            if below is not None:   # no plan fits: the tightening below states the smallest budget met
+                if raise_on_infeasible:
+                    raise self._tightened(problem, below, pool) from None
+                missed.append((len(out), below, time.perf_counter() - t1))
+                out.append(None)
+                continue
             # this budget's own time: each descent's clock when it first got under b (all of it
             # where it was asked for b and never got there), then b's own finishing below
             base_s = sum(snap.elapsed_s if snap is not None else (spent[k] if ref.asked is None or b in ref.asked else 0.0)
@@ -1040,7 +1096,8 @@ class LibraSolver(Solver):
         alone; fills ``out`` where a plan is found and returns the budgets
         still missed."""
         refs, snaps = base
-        todo = [(i, e, s) for i, e, s in missed if any(sn.get(bb[i]) is not None for sn in snaps)]
+        todo = [(i, e, s) for i, e, s in missed
+                if any(sn.get(bb[i]) is not None for sn in snaps) and not self._under_floor(problem, bb[i])]
         if not todo:
             return missed
         t0 = time.perf_counter()

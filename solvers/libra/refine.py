@@ -655,3 +655,34 @@ class Refiner:
         if self._final_peak is None:
             self._final_peak = self.as_lowered(self.final()).simulation.peak_bytes
         return self._final_peak
+
+
+class OneMoveRefiner(Refiner):
+    """A portfolio member that is not a descent but one move, taken on the
+    first call of :meth:`descend` (:meth:`_build`, for subclasses), after
+    which it records snapshots as a descent does and is done: the bulk swap
+    (``solver._BulkSwapRefiner``) and the reverse greedy
+    (:class:`~libra_opt.solvers.libra.reverse.ReverseRefiner`).  The move is
+    not taken where ``time_limit_s`` is already spent (as a descent checks
+    before each step) or ``max_steps`` is under the decisions it makes (at
+    most one per enabled window): the member then stops cut short."""
+
+    def __init__(self, problem: RematProblem, opts):
+        super().__init__(problem, opts)
+        self._built = False
+
+    def _descend(self, budgets, to_end):
+        if not self._built:
+            steps = self.opts.max_steps
+            if (self.time_limit_s is not None and self.clock_s() > self.time_limit_s) or (
+                    steps is not None and steps < int(self.enabled.sum())):
+                self.cut_short = True
+            else:
+                self._build()
+            self._built = self.done = True
+        return super()._descend(budgets, to_end)
+
+    def _build(self) -> None:
+        """The move, on ``self.tl``, with one decision record per window in
+        ``self.records`` and ``self.step`` set."""
+        raise NotImplementedError

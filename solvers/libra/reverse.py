@@ -28,19 +28,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from libra_opt.ir.problem import RematProblem
 from libra_opt.passes.lowering import Policy, default_windows
 
 from ..baselines import safe_recompute_decisions
 from .codes import KEEP, NEG, REC
 from .timeline_records import Effect
 from .explain import REASON_REVERSE, explain
-from .refine import Refiner
+from .refine import OneMoveRefiner
 
 __all__ = ["ReverseRefiner"]
 
 
-class ReverseRefiner(Refiner):
+class ReverseRefiner(OneMoveRefiner):
     """The reverse greedy (module docstring): a portfolio member of
     ``LibraSolver`` in recompute-only and hybrid mode, run as a fallback
     where no descent meets a budget, on problems of at most
@@ -69,24 +68,6 @@ class ReverseRefiner(Refiner):
         does not lower within it, the store-nothing plan, lowered as it is, is
         its fallback (``LibraSolver._libra_plan``)."""
         return super().prepare(snap, budget, undo and polish, exchange, polish)
-
-    def __init__(self, problem: RematProblem, opts):
-        super().__init__(problem, opts)
-        self._built = False
-
-    def _descend(self, budgets, to_end):
-        """The one move on the first call (unless the time or step limit rules
-        it out, as a descent checks before each step), then snapshots as a
-        descent takes them."""
-        if not self._built:
-            steps = self.opts.max_steps
-            if (self.time_limit_s is not None and self.clock_s() > self.time_limit_s) or (
-                    steps is not None and steps < int(self.enabled.sum())):
-                self.cut_short = True
-            else:
-                self._build()
-            self._built = self.done = True
-        return super()._descend(budgets, to_end)
 
     def _build(self) -> None:
         """Every window ``checkpoint-all`` recomputes

@@ -119,7 +119,7 @@ from ..baselines import BaselineCandidate, BaselinePlan
 from .explain import REASON_ONLY_POLICY, explain
 from .estimate import SWAP
 from .records import FinishedPlan, Prepared, Snapshot
-from .refine import Refiner
+from .refine import OneMoveRefiner, Refiner
 from .reverse import ReverseRefiner
 from .switch import switch_policies
 from ..registry import register_solver, solver_class
@@ -375,7 +375,7 @@ class _BaselinePool:
         return min(peaks) if peaks else None
 
 
-class _BulkSwapRefiner(Refiner):
+class _BulkSwapRefiner(OneMoveRefiner):
     """The bulk move of swap-only mode (a portfolio member on problems of at
     most ``LibraSolver.POOL_MAX_NODES`` nodes, elsewhere a fallback where
     the descents stop above a budget) and of hybrid mode (a fallback): not a
@@ -397,23 +397,7 @@ class _BulkSwapRefiner(Refiner):
 
     def __init__(self, problem: RematProblem, opts):
         super().__init__(problem, opts)
-        self._built = False
         self._relaxed: dict[int, Snapshot] = {}   # budget -> the bulk plan relaxed for it
-
-    def _descend(self, budgets, to_end):
-        """The bulk move on the first call (unless the time or step limit
-        rules it out), then snapshots as a descent takes them."""
-        if not self._built:
-            # taken unless ``time_limit_s`` is spent (as a descent checks before each step) or ``max_steps``
-            # is under the decisions it makes (one per window)
-            steps = self.opts.max_steps
-            if (self.time_limit_s is not None and self.clock_s() > self.time_limit_s) or (
-                    steps is not None and steps < int(self.enabled.sum())):
-                self.cut_short = True
-            else:
-                self._build()
-            self._built = self.done = True
-        return super()._descend(budgets, to_end)
 
     def _build(self) -> None:
         """Every enabled window swapped at once (``Timeline.swap_bulk``), one

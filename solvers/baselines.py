@@ -103,29 +103,59 @@ def forward_cut_points(problem: RematProblem) -> list[int]:
     return [v for v in range(max(end - 1, 0)) if foreign[v] == 0]
 
 
-def _chain_facts(problem: RematProblem) -> tuple[list[int], list[bool]]:
-    """Per problem (built once): each tensor's last use (``problem.tables.t_last``:
-    its last consumer, else its producer), and per tensor whether
-    it is *tainted*: an activation whose producer is not recomputable or
-    reads a tainted activation, i.e. one from which a walk back through
-    activations can reach a non-recomputable producer.  A recomputation
-    chain through untainted tensors only re-runs recomputable nodes, so
-    :func:`safe_recompute_decisions` walks tainted tensors only (the same
-    answer, without walking the chains of graphs that have no
-    non-recomputable op behind them).  Kept in ``problem.tables``
-    (:meth:`~libra_opt.ir.tables.ProblemTables.memo`)."""
-    return problem.tables.memo("baselines.chain_facts", lambda: (problem.tables.t_last, _tainted(problem)))
+@dataclass(frozen=True)
+class _ChainFacts:
+    """What :func:`safe_recompute_decisions` reads per tensor, built once per
+    problem (kept in ``problem.tables``, :meth:`~libra_opt.ir.tables.ProblemTables.memo`).
+
+    Attributes
+    ----------
+    storage, producer : list of int
+        ``problem.tables.t_storage`` and ``t_prod``.
+    alive_until : list of int
+        The last position at which the tensor is resident when kept: its last
+        use (``problem.tables.t_last``), or past the last node for a step
+        output (never freed).
+    tainted : list of bool
+        An activation whose producer is not recomputable or reads a tainted
+        activation: one from which a walk back through activations can reach
+        a non-recomputable producer.  A recomputation chain through untainted
+        tensors only re-runs recomputable nodes, so the walk follows tainted
+        tensors only (the same answer, without walking the chains of graphs
+        that have no non-recomputable op behind them).
+    recomputable : list of bool
+        Per tensor, its producer is recomputable (``False`` for a graph input).
+    tainted_inputs : list of tuple of int
+        Per tensor, the tainted inputs of its producer: the steps of the walk.
+    """
+
+    storage: list
+    producer: list
+    alive_until: list
+    tainted: list
+    recomputable: list
+    tainted_inputs: list
 
 
-def _tainted(problem: RematProblem) -> list[bool]:
-    tensors = problem.tensors
+def _chain_facts(problem: RematProblem) -> _ChainFacts:
+    """The problem's :class:`_ChainFacts` (built once per problem)."""
+    return problem.tables.memo("baselines.chain_facts", lambda: _build_chain_facts(problem))
+
+
+def _build_chain_facts(problem: RematProblem) -> _ChainFacts:
+    tables, tensors, nodes = problem.tables, problem.tensors, problem.nodes
     tainted = [False] * len(tensors)
-    for node in problem.nodes:   # eager order: a node's inputs are settled before its outputs
-        bad = not node.recomputable or any(tainted[v] for v in node.inputs)
-        if bad:
+    for node in nodes:   # eager order: a node's inputs are settled before its outputs
+        if not node.recomputable or any(tainted[v] for v in node.inputs):
             for t in node.outputs:
                 tainted[t] = tensors[t].kind == ACTIVATION
-    return tainted
+    never_freed = problem.num_nodes
+    alive_until = [never_freed if out else last for out, last in zip(tables.t_out, tables.t_last)]
+    producer = tables.t_prod
+    recomputable = [p is not None and nodes[p].recomputable for p in producer]
+    node_tainted_inputs = [tuple(v for v in n.inputs if tainted[v]) for n in nodes]
+    tainted_inputs = [() if p is None else node_tainted_inputs[p] for p in producer]
+    return _ChainFacts(tables.t_storage, producer, alive_until, tainted, recomputable, tainted_inputs)
 
 
 def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
@@ -138,6 +168,16 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
     through activations that are not certainly resident at that time.  The
     walk is conservative (a storage evicted by any decision counts as not
     resident); since keeping only adds residency, one pass suffices.
+
+    The storages are decided in the order of ``evict`` (a storage switched to
+    ``KEEP`` is resident for the walks of the later ones).  A walk regenerating
+    for position ``before`` follows the tensors not resident there; one that
+    ends without reaching a non-recomputable producer proves every tensor it
+    visited safe at ``before``, for every later walk at ``before`` too (a later
+    switch to ``KEEP`` only makes more tensors resident, i.e. cuts walks), so
+    those tensors are not walked again.  Chen's segment windows
+    (:func:`segment_windows`) give every evicted storage of a segment the same
+    ``before``: their walks share their work.
 
     Parameters
     ----------
@@ -154,35 +194,34 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
         ``RECOMPUTE`` or ``KEEP`` per storage of ``evict`` that has a window.
     """
     windows = default_windows(problem) if windows is None else windows
-    tensors, nodes = problem.tensors, problem.nodes
-    outputs = problem.output_set
-    last_use, tainted = _chain_facts(problem)
+    tensors = problem.tensors
+    facts = _chain_facts(problem)
+    storage, producer, alive_until = facts.storage, facts.producer, facts.alive_until
+    tainted, recomputable, tainted_inputs = facts.tainted, facts.recomputable, facts.tainted_inputs
     want = [s for s in dict.fromkeys(evict) if s in windows]
     decisions = {s: Policy.RECOMPUTE for s in want}
+    off = set(want)   # storages not certainly resident: evicted, not (yet) switched to KEEP
+    safe_at: dict[int, set[int]] = {}   # before -> tensors whose walk at ``before`` is known to end safely
 
-    def resident_at(u: int, before: int) -> bool:
-        t = tensors[u]
-        if decisions.get(t.storage, Policy.KEEP) != Policy.KEEP:
-            return False
-        return t.producer < before and (u in outputs or last_use[u] >= before)
-
-    def chain_ok(s: int, seeds: list[int], before: int) -> bool:
+    def chain_ok(seeds: list[int], before: int) -> bool:
         # only tainted tensors can lead the walk to a non-recomputable producer: the rest are skipped
-        stack = [u for u in seeds if tainted[u]]
+        safe = safe_at.setdefault(before, set())
+        stack = [u for u in seeds if tainted[u] and u not in safe]
         seen: set[int] = set()
         while stack:
             u = stack.pop()
             if u in seen:
                 continue
             seen.add(u)
-            prod = nodes[tensors[u].producer]
-            if not prod.recomputable:
+            if not recomputable[u]:
                 return False
-            for v in prod.inputs:
-                if not tainted[v] or v in seen:   # (an input that is not an activation is never tainted)
-                    continue
-                if tensors[v].storage == s or not resident_at(v, before):
+            for v in tainted_inputs[u]:
+                # pushed unless resident at ``before``: kept, produced before it, alive through it (a tensor
+                # of the storage being decided is evicted: never resident)
+                if v not in seen and v not in safe and (storage[v] in off or not producer[v] < before
+                                                        or alive_until[v] < before):
                     stack.append(v)
+        safe |= seen
         return True
 
     for s in want:
@@ -190,13 +229,16 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
         views = problem.storage_views[s]
         # the lowering regenerates on demand: at the window's end, and again at a later use of a
         # tensor of the storage that was freed after the end (where less may be resident)
-        ok = chain_ok(s, list(views), before)
+        ok = chain_ok(list(views), before)
         for u in views:
+            if not ok:
+                break
             later = [c for c in tensors[u].consumers if c > before]
-            if ok and later:
-                ok = chain_ok(s, [u], later[0])
+            if later:
+                ok = chain_ok([u], later[0])
         if not ok:
             decisions[s] = Policy.KEEP
+            off.discard(s)
             log.debug("keeping %r: its recomputation would re-run a non-recomputable op", tensors[s].name)
     return decisions
 

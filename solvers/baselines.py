@@ -30,6 +30,7 @@ greedy", with articulation points or on the linearized graph).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -395,15 +396,31 @@ def chen_greedy_checkpoints(problem: RematProblem, candidates: list[int], thresh
     list of int
         Checkpoint positions, ascending.
     """
-    cand = set(candidates)
-    temp = 0
+    # the running sum at candidate v is the bytes of the positions after the last checkpoint up to v:
+    # a difference of prefix sums (ints, exact), so only the candidates are visited
+    prefix = _forward_prefix_bytes(problem)
     out = []
-    for v in range(_forward_end(problem)):
-        temp += sum(problem.tensors[t].nbytes for t in problem.nodes[v].outputs)
-        if v in cand and temp > threshold_bytes:
+    start = 0   # prefix[start]: the sum when it was last restarted
+    for v in sorted({c for c in candidates if 0 <= c < _forward_end(problem)}):
+        if prefix[v + 1] - prefix[start] > threshold_bytes:
             out.append(v)
-            temp = 0
+            start = v + 1
     return out
+
+
+def _forward_output_bytes(problem: RematProblem) -> list[int]:
+    """Per forward position, the bytes its outputs own (views: 0); built once per problem
+    (``problem.tables`` memo)."""
+    def build():
+        nbytes = problem.tables.t_nbytes
+        return [sum(nbytes[t] for t in problem.nodes[v].outputs) for v in range(_forward_end(problem))]
+    return problem.tables.memo("baselines.forward_output_bytes", build)
+
+
+def _forward_prefix_bytes(problem: RematProblem) -> list[int]:
+    """``[0, b0, b0 + b1, ...]`` over :func:`_forward_output_bytes` (``problem.tables`` memo)."""
+    return problem.tables.memo("baselines.forward_prefix_bytes",
+                               lambda: [0, *itertools.accumulate(_forward_output_bytes(problem))])
 
 
 def _infeasible(solver: str, budget_bytes: int, peaks: Iterable[int], detail: str) -> InfeasibleBudgetError:
@@ -704,9 +721,7 @@ class ChenGreedySolver(Solver):
 
     def thresholds(self, problem: RematProblem) -> list[float]:
         """Segment budgets tried (bytes), ascending."""
-        sizes = [sum(problem.tensors[t].nbytes for t in problem.nodes[v].outputs)
-                 for v in range(_forward_end(problem))]
-        pos = [s for s in sizes if s > 0]
+        pos = [s for s in _forward_output_bytes(problem) if s > 0]
         if not pos:
             return [0.0]
         lo, hi = min(pos), sum(pos)

@@ -263,6 +263,11 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     checkpoints agree, between the budgets of a ``solve_many`` and with
     ``libra``'s portfolio on the same problem.  The schedule returned is the
     shared one: callers that hand a plan out copy it first (:func:`_handed_out`).
+
+    Memory: the plans stay with the problem while it lives (about 45 MB for
+    the 500,277-instruction plan of ``checkpoint-all`` on a 1,000-node random
+    layered graph, schedule and simulation; ``libra``'s portfolio keeps the
+    same objects in its own memo).
     """
     evictions = tuple(evictions_for(problem, decisions, windows))
     built = problem.tables.memo("baselines.lowered", dict)

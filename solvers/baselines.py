@@ -30,6 +30,7 @@ greedy", with articulation points or on the linearized graph).
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import math
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ from libra_opt.errors import InfeasibleBudgetError
 from libra_opt.passes.lowering import Policy, default_windows, evictions_for, lower
 from libra_opt.ir.problem import ACTIVATION, RematProblem
 from libra_opt.ir.schedule import Schedule, no_remat_schedule
-from libra_opt.passes.simulator import SimulationResult, simulate
+from libra_opt.passes.simulator import SimulationResult, no_remat_peak, simulate
 
 from .base import Solver
 from .certificates import floor_bound
@@ -103,29 +104,59 @@ def forward_cut_points(problem: RematProblem) -> list[int]:
     return [v for v in range(max(end - 1, 0)) if foreign[v] == 0]
 
 
-def _chain_facts(problem: RematProblem) -> tuple[list[int], list[bool]]:
-    """Per problem (built once): each tensor's last use (``problem.tables.t_last``:
-    its last consumer, else its producer), and per tensor whether
-    it is *tainted*: an activation whose producer is not recomputable or
-    reads a tainted activation, i.e. one from which a walk back through
-    activations can reach a non-recomputable producer.  A recomputation
-    chain through untainted tensors only re-runs recomputable nodes, so
-    :func:`safe_recompute_decisions` walks tainted tensors only (the same
-    answer, without walking the chains of graphs that have no
-    non-recomputable op behind them).  Kept in ``problem.tables``
-    (:meth:`~libra_opt.ir.tables.ProblemTables.memo`)."""
-    return problem.tables.memo("baselines.chain_facts", lambda: (problem.tables.t_last, _tainted(problem)))
+@dataclass(frozen=True)
+class _ChainFacts:
+    """What :func:`safe_recompute_decisions` reads per tensor, built once per
+    problem (kept in ``problem.tables``, :meth:`~libra_opt.ir.tables.ProblemTables.memo`).
+
+    Attributes
+    ----------
+    storage, producer : list of int
+        ``problem.tables.t_storage`` and ``t_prod``.
+    alive_until : list of int
+        The last position at which the tensor is resident when kept: its last
+        use (``problem.tables.t_last``), or past the last node for a step
+        output (never freed).
+    tainted : list of bool
+        An activation whose producer is not recomputable or reads a tainted
+        activation: one from which a walk back through activations can reach
+        a non-recomputable producer.  A recomputation chain through untainted
+        tensors only re-runs recomputable nodes, so the walk follows tainted
+        tensors only (the same answer, without walking the chains of graphs
+        that have no non-recomputable op behind them).
+    recomputable : list of bool
+        Per tensor, its producer is recomputable (``False`` for a graph input).
+    tainted_inputs : list of tuple of int
+        Per tensor, the tainted inputs of its producer: the steps of the walk.
+    """
+
+    storage: list
+    producer: list
+    alive_until: list
+    tainted: list
+    recomputable: list
+    tainted_inputs: list
 
 
-def _tainted(problem: RematProblem) -> list[bool]:
-    tensors = problem.tensors
+def _chain_facts(problem: RematProblem) -> _ChainFacts:
+    """The problem's :class:`_ChainFacts` (built once per problem)."""
+    return problem.tables.memo("baselines.chain_facts", lambda: _build_chain_facts(problem))
+
+
+def _build_chain_facts(problem: RematProblem) -> _ChainFacts:
+    tables, tensors, nodes = problem.tables, problem.tensors, problem.nodes
     tainted = [False] * len(tensors)
-    for node in problem.nodes:   # eager order: a node's inputs are settled before its outputs
-        bad = not node.recomputable or any(tainted[v] for v in node.inputs)
-        if bad:
+    for node in nodes:   # eager order: a node's inputs are settled before its outputs
+        if not node.recomputable or any(tainted[v] for v in node.inputs):
             for t in node.outputs:
                 tainted[t] = tensors[t].kind == ACTIVATION
-    return tainted
+    never_freed = problem.num_nodes
+    alive_until = [never_freed if out else last for out, last in zip(tables.t_out, tables.t_last)]
+    producer = tables.t_prod
+    recomputable = [p is not None and nodes[p].recomputable for p in producer]
+    node_tainted_inputs = [tuple(v for v in n.inputs if tainted[v]) for n in nodes]
+    tainted_inputs = [() if p is None else node_tainted_inputs[p] for p in producer]
+    return _ChainFacts(tables.t_storage, producer, alive_until, tainted, recomputable, tainted_inputs)
 
 
 def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
@@ -138,6 +169,16 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
     through activations that are not certainly resident at that time.  The
     walk is conservative (a storage evicted by any decision counts as not
     resident); since keeping only adds residency, one pass suffices.
+
+    The storages are decided in the order of ``evict`` (a storage switched to
+    ``KEEP`` is resident for the walks of the later ones).  A walk regenerating
+    for position ``before`` follows the tensors not resident there; one that
+    ends without reaching a non-recomputable producer proves every tensor it
+    visited safe at ``before``, for every later walk at ``before`` too (a later
+    switch to ``KEEP`` only makes more tensors resident, i.e. cuts walks), so
+    those tensors are not walked again.  Chen's segment windows
+    (:func:`segment_windows`) give every evicted storage of a segment the same
+    ``before``: their walks share their work.
 
     Parameters
     ----------
@@ -154,35 +195,34 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
         ``RECOMPUTE`` or ``KEEP`` per storage of ``evict`` that has a window.
     """
     windows = default_windows(problem) if windows is None else windows
-    tensors, nodes = problem.tensors, problem.nodes
-    outputs = problem.output_set
-    last_use, tainted = _chain_facts(problem)
+    tensors = problem.tensors
+    facts = _chain_facts(problem)
+    storage, producer, alive_until = facts.storage, facts.producer, facts.alive_until
+    tainted, recomputable, tainted_inputs = facts.tainted, facts.recomputable, facts.tainted_inputs
     want = [s for s in dict.fromkeys(evict) if s in windows]
     decisions = {s: Policy.RECOMPUTE for s in want}
+    off = set(want)   # storages not certainly resident: evicted, not (yet) switched to KEEP
+    safe_at: dict[int, set[int]] = {}   # before -> tensors whose walk at ``before`` is known to end safely
 
-    def resident_at(u: int, before: int) -> bool:
-        t = tensors[u]
-        if decisions.get(t.storage, Policy.KEEP) != Policy.KEEP:
-            return False
-        return t.producer < before and (u in outputs or last_use[u] >= before)
-
-    def chain_ok(s: int, seeds: list[int], before: int) -> bool:
+    def chain_ok(seeds: list[int], before: int) -> bool:
         # only tainted tensors can lead the walk to a non-recomputable producer: the rest are skipped
-        stack = [u for u in seeds if tainted[u]]
+        safe = safe_at.setdefault(before, set())
+        stack = [u for u in seeds if tainted[u] and u not in safe]
         seen: set[int] = set()
         while stack:
             u = stack.pop()
             if u in seen:
                 continue
             seen.add(u)
-            prod = nodes[tensors[u].producer]
-            if not prod.recomputable:
+            if not recomputable[u]:
                 return False
-            for v in prod.inputs:
-                if not tainted[v] or v in seen:   # (an input that is not an activation is never tainted)
-                    continue
-                if tensors[v].storage == s or not resident_at(v, before):
+            for v in tainted_inputs[u]:
+                # pushed unless resident at ``before``: kept, produced before it, alive through it (a tensor
+                # of the storage being decided is evicted: never resident)
+                if v not in seen and v not in safe and (storage[v] in off or not producer[v] < before
+                                                        or alive_until[v] < before):
                     stack.append(v)
+        safe |= seen
         return True
 
     for s in want:
@@ -190,21 +230,59 @@ def safe_recompute_decisions(problem: RematProblem, evict: Iterable[int],
         views = problem.storage_views[s]
         # the lowering regenerates on demand: at the window's end, and again at a later use of a
         # tensor of the storage that was freed after the end (where less may be resident)
-        ok = chain_ok(s, list(views), before)
+        ok = chain_ok(list(views), before)
         for u in views:
+            if not ok:
+                break
             later = [c for c in tensors[u].consumers if c > before]
-            if ok and later:
-                ok = chain_ok(s, [u], later[0])
+            if later:
+                ok = chain_ok([u], later[0])
         if not ok:
             decisions[s] = Policy.KEEP
+            off.discard(s)
             log.debug("keeping %r: its recomputation would re-run a non-recomputable op", tensors[s].name)
     return decisions
 
 
 def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, prefetch="auto"
               ) -> tuple[Schedule, SimulationResult]:
-    sched = lower(problem, evictions_for(problem, decisions, windows), prefetch=prefetch)
-    return sched, simulate(problem, sched)
+    """The plan the lowering makes of ``decisions`` over ``windows``
+    (:func:`~libra_opt.lowering.evictions_for`, :func:`~libra_opt.lowering.lower`)
+    and its simulation (no budget applied).
+
+    Lowering and simulating are nearly all of a baseline's solve time (the
+    plans of the Chen baselines on graphs with few articulation points
+    recompute long chains: hundreds of thousands of instructions on 1,000
+    nodes), so each distinct plan is built once per problem: the result is
+    kept in ``problem.tables`` (:meth:`~libra_opt.ir.tables.ProblemTables.memo`;
+    a problem is immutable and the lowering deterministic), keyed by the
+    eviction list and ``prefetch``.  This shares one build between
+    ``chen-greedy`` thresholds whose checkpoint sets differ but evict the same
+    storages over the same windows (2 of 2 on random layered graphs, 7 to 4 on
+    GPT-2 medium), between ``chen-sqrt`` and ``chen-greedy`` where their
+    checkpoints agree, between the budgets of a ``solve_many`` and with
+    ``libra``'s portfolio on the same problem.  The schedule returned is the
+    shared one: callers that hand a plan out copy it first (:func:`_handed_out`).
+
+    Memory: the plans stay with the problem while it lives (about 45 MB for
+    the 500,277-instruction plan of ``checkpoint-all`` on a 1,000-node random
+    layered graph, schedule and simulation; ``libra``'s portfolio keeps the
+    same objects in its own memo).
+    """
+    evictions = tuple(evictions_for(problem, decisions, windows))
+    built = problem.tables.memo("baselines.lowered", dict)
+    key = (evictions, prefetch)
+    if key not in built:
+        sched = lower(problem, evictions, prefetch=prefetch)
+        built[key] = (sched, simulate(problem, sched))
+    return built[key]
+
+
+def _handed_out(plan: "BaselinePlan") -> Schedule:
+    """A copy of ``plan``'s schedule for a :class:`RawSolution`: the solver base
+    class sets the result's ``meta`` on it, and the plan's own schedule is
+    shared with later solves on the problem (:func:`_evaluate`)."""
+    return Schedule(plan.schedule.instructions, plan.schedule.meta)
 
 
 def segment_windows(problem: RematProblem, checkpoints: Iterable[int], windows: dict[int, tuple[int, int]],
@@ -323,15 +401,31 @@ def chen_greedy_checkpoints(problem: RematProblem, candidates: list[int], thresh
     list of int
         Checkpoint positions, ascending.
     """
-    cand = set(candidates)
-    temp = 0
+    # the running sum at candidate v is the bytes of the positions after the last checkpoint up to v:
+    # a difference of prefix sums (ints, exact), so only the candidates are visited
+    prefix = _forward_prefix_bytes(problem)
     out = []
-    for v in range(_forward_end(problem)):
-        temp += sum(problem.tensors[t].nbytes for t in problem.nodes[v].outputs)
-        if v in cand and temp > threshold_bytes:
+    start = 0   # prefix[start]: the sum when it was last restarted
+    for v in sorted({c for c in candidates if 0 <= c < _forward_end(problem)}):
+        if prefix[v + 1] - prefix[start] > threshold_bytes:
             out.append(v)
-            temp = 0
+            start = v + 1
     return out
+
+
+def _forward_output_bytes(problem: RematProblem) -> list[int]:
+    """Per forward position, the bytes its outputs own (views: 0); built once per problem
+    (``problem.tables`` memo)."""
+    def build():
+        nbytes = problem.tables.t_nbytes
+        return [sum(nbytes[t] for t in problem.nodes[v].outputs) for v in range(_forward_end(problem))]
+    return problem.tables.memo("baselines.forward_output_bytes", build)
+
+
+def _forward_prefix_bytes(problem: RematProblem) -> list[int]:
+    """``[0, b0, b0 + b1, ...]`` over :func:`_forward_output_bytes` (``problem.tables`` memo)."""
+    return problem.tables.memo("baselines.forward_prefix_bytes",
+                               lambda: [0, *itertools.accumulate(_forward_output_bytes(problem))])
 
 
 def _infeasible(solver: str, budget_bytes: int, peaks: Iterable[int], detail: str) -> InfeasibleBudgetError:
@@ -353,10 +447,11 @@ def _keep_all_or_infeasible(problem: RematProblem, budget_bytes: int, peaks: Ite
         Keeping everything does not fit either; states the smallest peak seen.
     """
     peaks = list(peaks)
+    keep_all_peak = no_remat_peak(problem)   # kept with the problem: the budget was parsed against it
+    if keep_all_peak > budget_bytes:
+        raise _infeasible(solver, budget_bytes, peaks + [keep_all_peak], detail)
     sched = no_remat_schedule(problem)
     sim = simulate(problem, sched)
-    if sim.peak_bytes > budget_bytes:
-        raise _infeasible(solver, budget_bytes, peaks + [sim.peak_bytes], detail)
     return RawSolution(sched, message=f"{detail}: peak {min(peaks)} bytes, over the budget and the no-remat peak; "
                                       f"every node a checkpoint (keep every activation) fits",
                        extras={"fallback": "keep-all"},
@@ -453,7 +548,7 @@ def _first_fitting(problem: RematProblem, plans: Iterable[BaselinePlan], budget_
     peaks = []
     for p in plans:
         if p.simulation.peak_bytes <= budget_bytes:
-            return RawSolution(p.schedule, message=p.message, extras=dict(p.extras), simulation=p.simulation)
+            return RawSolution(_handed_out(p), message=p.message, extras=dict(p.extras), simulation=p.simulation)
         peaks.append(p.simulation.peak_bytes)
     if keep_all:
         return _keep_all_or_infeasible(problem, budget_bytes, peaks, solver, detail)
@@ -480,11 +575,10 @@ class NoRematSolver(Solver):
     citation = "No rematerialization: eager PyTorch's free-after-last-use plan (torch.fx liveness)"
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
-        sched = no_remat_schedule(problem)
-        peak = simulate(problem, sched).peak_bytes
+        peak = no_remat_peak(problem)   # simulated once per problem (the budget was parsed against it)
         if peak > budget_bytes:
             raise InfeasibleBudgetError(budget_bytes, peak, self.name, "the no-remat peak is over the budget")
-        return RawSolution(sched, status=OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
+        return RawSolution(no_remat_schedule(problem), status=OPTIMAL, bounds=(floor_bound(problem, budget_bytes, self.name),),
                            message="no rematerialization")
 
 
@@ -632,9 +726,7 @@ class ChenGreedySolver(Solver):
 
     def thresholds(self, problem: RematProblem) -> list[float]:
         """Segment budgets tried (bytes), ascending."""
-        sizes = [sum(problem.tensors[t].nbytes for t in problem.nodes[v].outputs)
-                 for v in range(_forward_end(problem))]
-        pos = [s for s in sizes if s > 0]
+        pos = [s for s in _forward_output_bytes(problem) if s > 0]
         if not pos:
             return [0.0]
         lo, hi = min(pos), sum(pos)
@@ -658,15 +750,35 @@ class ChenGreedySolver(Solver):
             yield _checkpoint_candidate(problem, ckpt, windows, f"segment threshold {b:.0f} bytes: {len(ckpt)} "
                                         f"checkpoints", {"checkpoints": list(ckpt), "threshold_bytes": float(b)})
 
+    #: relative slack on the lower bounds when a plan is skipped (the simulator sums times in another order)
+    BOUND_SLACK = 1e-9
+
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
-        plans = list(self.plans(problem))
-        fit = [p for p in plans if p.simulation.peak_bytes <= budget_bytes]
-        if not fit:
-            return _keep_all_or_infeasible(problem, budget_bytes, [p.simulation.peak_bytes for p in plans],
-                                           self.name, f"{len(plans)} segment thresholds tried")
-        best = min(fit, key=lambda p: (p.simulation.added_s, p.simulation.peak_bytes))
-        return RawSolution(best.schedule, message=f"{best.message} (best of {len(plans)} thresholds)",
-                           extras=dict(best.extras, thresholds_tried=len(plans)))
+        """The plan with the least ``(added_s, peak_bytes)`` (then the first
+        threshold) among those within the budget.
+
+        Plans are built in ascending order of their lower bound on added time
+        (:attr:`BaselineCandidate.added_s_bound`), and the search stops at the
+        first whose bound is above the added time of the best plan found that
+        fits: it, and every later one, can neither be cheaper nor tie.  The
+        answer is the one of building every plan; where none fits, every plan
+        is built (the error states the smallest peak of them all)."""
+        cands = list(self.candidates(problem))
+        slack = self.BOUND_SLACK * problem.total_compute_s
+        best: tuple | None = None   # (added_s, peak_bytes, threshold index, plan)
+        for i in sorted(range(len(cands)), key=lambda i: cands[i].added_s_bound):
+            if best is not None and cands[i].added_s_bound - best[0] > slack + self.BOUND_SLACK * best[0]:
+                break
+            p = cands[i].plan()
+            sim = p.simulation
+            if sim.peak_bytes <= budget_bytes and (best is None or (sim.added_s, sim.peak_bytes, i) < best[:3]):
+                best = (sim.added_s, sim.peak_bytes, i, p)
+        if best is None:
+            return _keep_all_or_infeasible(problem, budget_bytes, [c.plan().simulation.peak_bytes for c in cands],
+                                           self.name, f"{len(cands)} segment thresholds tried")
+        p = best[3]
+        return RawSolution(_handed_out(p), message=f"{p.message} (best of {len(cands)} thresholds)",
+                           extras=dict(p.extras, thresholds_tried=len(cands)), simulation=p.simulation)
 
 
 @dataclass(frozen=True)

@@ -358,3 +358,62 @@ def test_libra_pool_builds_only_plans_that_can_win():
                 built = [c for n in RECOMPUTE_BASELINES for c in pool.candidates(n) if c._plan is not None]
                 assert all(c.added_s_bound <= below * (1 + 1e-6) for c in built)
         p.tables.memo("libra.baseline_plans", dict).clear()   # a pool built afresh
+
+
+def _plain_safe_decisions(problem, evict, windows):
+    """safe_recompute_decisions' rule walked plainly, as a reference: every activation input followed
+    (no tainted-tensor filter), every walk from scratch (no work shared between walks)."""
+    from libra_opt.ir.problem import ACTIVATION
+
+    tensors, outputs, last = problem.tensors, problem.output_set, problem.tables.t_last
+    dec = {s: Policy.RECOMPUTE for s in dict.fromkeys(evict) if s in windows}
+
+    def resident(v, before):
+        t = tensors[v]
+        return (dec.get(t.storage, Policy.KEEP) == Policy.KEEP and t.producer < before
+                and (v in outputs or last[v] >= before))
+
+    def walk_ok(seeds, before):
+        stack, seen = list(seeds), set()
+        while stack:
+            u = stack.pop()
+            if u in seen:
+                continue
+            seen.add(u)
+            node = problem.nodes[tensors[u].producer]
+            if not node.recomputable:
+                return False
+            stack += [v for v in node.inputs if tensors[v].kind == ACTIVATION and not resident(v, before)]
+        return True
+
+    for s in list(dec):
+        before, views = windows[s][1], problem.storage_views[s]
+        later = [[c for c in tensors[u].consumers if c > before] for u in views]
+        if not (walk_ok(views, before) and all(walk_ok([u], cs[0]) for u, cs in zip(views, later) if cs)):
+            dec[s] = Policy.KEEP
+    return dec
+
+
+def test_safe_recompute_decisions_match_a_plain_walk_on_random_problems():
+    """The decisions (and their order) equal the plain reference walk's on seeded random problems with
+    non-recomputable ops, over default windows and over Chen's segment windows (where the evicted
+    storages of a segment share one window end, and the walks share their work)."""
+    from libra_opt.fuzz import random_problem
+    from libra_opt.solvers.baselines import _candidates
+
+    kept = 0
+    for seed in range(120):
+        p = random_problem(seed, max_forward=(6, 12, 25)[seed % 3])
+        w = default_windows(p)
+        cases = [(list(w), w), (list(w)[::2], w)]
+        cand = _candidates(p, "articulation")
+        for ckpt in (chen_sqrt_checkpoints(cand), cand[:1], cand[::2]):
+            kept_storages = {p.tensors[t].storage for v in ckpt for t in p.nodes[v].outputs}
+            ev = [s for s in w if s not in kept_storages]
+            cases.append((ev, segment_windows(p, ckpt, w, ev)))
+        for ev, win in cases:
+            got = safe_recompute_decisions(p, ev, win)
+            want = _plain_safe_decisions(p, ev, win)
+            assert list(got.items()) == list(want.items()), (seed, ev)
+            kept += sum(d == Policy.KEEP for d in got.values())
+    assert kept > 100   # the problems do exercise the rule

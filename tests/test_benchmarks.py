@@ -216,3 +216,29 @@ def test_optimality_table_marks_hybrid_n_a_without_hybrid_milp_and_gaps_are_vali
     assert (tmp_path / "t.md").read_text().strip() == "\n".join(table.split("\n\nCells")[0].splitlines()[-4:])
     assert opt.main(["--table-from", str(out)]) == 0                # the CSV re-renders the same table
     assert capsys.readouterr().out.strip() == (tmp_path / "t.md").read_text().strip()
+
+
+def test_solve_rate_writes_a_row_per_solver_and_budget(tmp_path, capsys):
+    """benchmarks/solve_rate.py on one tiny generated instance: every non-exact solver (libra once per
+    policy) x budget has a row with positive times in the CSV, and the summary names every solver."""
+    import csv
+
+    sr = _load("solve_rate")
+    rows = sr.solver_rows()
+    labels = {r.label for r in rows}
+    assert {"libra-hybrid", "libra-recompute", "libra-swap", "none", "checkpoint-all", "chen-sqrt", "chen-greedy",
+            "swap-all"} <= labels
+    assert not labels & set(sr.EXACT_SOLVERS) and "libra" not in labels
+    assert sr.main(["--no-problems", "--patterns", "random_layered", "--sizes", "24", "--budgets", "0.9,0.4",
+                    "--no-warmup", "--out", str(tmp_path)]) == 0
+    recs = list(csv.DictReader(open(tmp_path / "solve_rate.csv")))
+    assert sorted((r["solver"], float(r["budget"])) for r in recs) == sorted(
+        (lab, b) for lab in labels for b in (0.9, 0.4))
+    for r in recs:
+        assert r["instance"] == "random_layered_gen_n24" and int(r["nodes"]) == 24
+        assert r["outcome"] in ("planned", "infeasible"), r
+        assert float(r["cpu_s"]) > 0 and float(r["wall_s"]) > 0 and float(r["s_per_1k_ops"]) > 0
+        assert float(r["s_per_1k_ops"]) == pytest.approx(float(r["cpu_s"]) / 24 * 1000, rel=1e-3, abs=1e-3)
+    md = (tmp_path / "solve_rate.md").read_text()
+    for lab in labels:
+        assert f"| {lab} | 2 |" in md   # its summary row: two rows (one per budget)

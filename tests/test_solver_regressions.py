@@ -107,3 +107,34 @@ def test_the_empty_plan_is_valid():
     b.input("x", 16)
     p = b.build(outputs=[])
     assert simulate(p, solve(p, 1, "libra").schedule).peak_bytes == 0
+
+
+def test_undoing_a_swap_replays_the_chains_after_its_window_that_swapped_its_storage_in():
+    """Fuzz case 719: a base (a dropout mask) dead after its last use stays allocated through a
+    retained view; a chain after the storage's swap window brings the base back by a swap-in
+    while the storage has a host copy.  Undoing that swap must replay the chain (it now has to
+    recompute the dropout: infeasible), or the lowering of the undone plan fails where the
+    estimate said it would not.  Every chain of every prepared plan equals a fresh replay, and
+    each plan lowers."""
+    from libra_opt.apps.fuzz import random_budget, random_problem
+    from libra_opt.passes.lowering import lower
+    from libra_opt.solvers.libra.chains import chain_at
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p = random_problem(719)
+    assert check_case(p, random_budget(p, 719), "libra")[0] in (PLAN, INFEASIBLE)
+    budget = 285757627418   # a budget the tightening of the stated minimum plans there
+    solver = LibraSolver()
+    refs = solver._refiners(p, merge=False)
+    checked = 0
+    for ref, snaps in zip(refs, solver._descend_all(refs, [budget])):
+        snap = snaps.get(budget)
+        if snap is None:
+            continue
+        for polish in (False, True):
+            tl = ref.prepare(snap, budget, exchange=False, polish=polish).timeline
+            for q, ch in tl.state.chains.items():
+                assert chain_at(tl.tables, tl.windows, tl.state, q) == ch, (q, polish)
+            lower(p, tl.plan())
+            checked += 1
+    assert checked

@@ -298,13 +298,18 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
                  tuple(sorted(made)))
 
 
-def affected(wt, st, j: int) -> set[int]:
+def affected(wt, st, j: int, host_copy: bool = False) -> set[int]:
     """Regeneration points (positions) whose chain may change when window
     ``j``'s decision or end changes: the window's own points and the chains
-    inside it that read its storage (``st.touch``)."""
+    inside it that read its storage (``st.touch``); with ``host_copy`` (the
+    change swaps the storage or stops swapping it), every chain after the
+    window's start that reads it too: a chain that brings back a dead tensor
+    of the storage (a base freed after its last use while a retained view
+    keeps the storage) swaps it in only while the storage has a host copy
+    (:func:`has_swap`), else recomputes its producer."""
     a, hi = int(wt.w_a[j]), int(st.w_maxhi[j])
     pts = set(st.w_pts[j])
     for q in st.touch.get(int(wt.w_s[j]), ()):
-        if a < q <= hi:
+        if a < q and (q <= hi or host_copy):
             pts.add(q)
     return pts

@@ -202,10 +202,10 @@ class Timeline:
         (:func:`~libra_opt.solvers.libra.chains.early_targets`)."""
         return early_targets(self.state, q)
 
-    def affected(self, j: int) -> set[int]:
+    def affected(self, j: int, host_copy: bool = False) -> set[int]:
         """Regeneration points whose chain may change when window ``j`` changes
         (:func:`~libra_opt.solvers.libra.chains.affected`)."""
-        return affected(self.windows, self.state, j)
+        return affected(self.windows, self.state, j, host_copy)
 
     def replay(self, points) -> None:
         """Replay the chains before the positions ``points`` (ascending order)
@@ -229,7 +229,7 @@ class Timeline:
         s = int(wt.w_s[j])
         a, b = int(wt.w_a[j]), int(st.w_b[j])
         nbytes = int(wt.w_bytes[j])
-        pts = affected(wt, st, j)
+        pts = affected(wt, st, j, host_copy=(old == SWAP) != (policy == SWAP))
         new_swap = None
         hyp_pos = None
         swap = st.swap

@@ -75,8 +75,8 @@ class ReverseRefiner(OneMoveRefiner):
         those whose chain would re-run a non-recomputable op) set to
         recompute at once, with one chain replay (an ``apply`` per window
         replays chains that grow back to the inputs each time: cubic in
-        depth); a window whose chain still comes out infeasible is given
-        back.  Then one decision record per window, its cost the time its
+        depth); where a chain still re-runs a non-recomputable op, the
+        recomputed storages it reads are kept, until none does.  Then one decision record per window, its cost the time its
         producer's recomputations take over every chain (s), which orders the
         undo pass (the costliest given back first)."""
         tl, problem = self.tl, self.problem
@@ -90,12 +90,15 @@ class ReverseRefiner(OneMoveRefiner):
                 pts |= tl.affected(j)
                 tl.apply(j, REC, Effect(0.0, {}, None, NEG, -1, True, 0, -1), refresh=False)
         tl.replay(pts)
-        for _ in range(len(pts) + 1):   # give back a window whose own chain re-runs a non-recomputable op
-            bad = [j for j in np.flatnonzero(tl.state.pol == REC).tolist()
-                   if any(not ch.feasible for ch in (tl.state.chains.get(q) for q in tl.state.w_pts[j]) if ch)]
-            if not bad:
+        while True:   # a chain that re-runs a non-recomputable op: keep the recomputed storages it reads
+            bad = next((ch for ch in tl.state.chains.values() if not ch.feasible), None)
+            if bad is None:
                 break
-            tl.apply(bad[0], KEEP)
+            back = [j for j in np.flatnonzero(tl.state.pol == REC).tolist() if int(w_s[j]) in bad.touched]
+            if not back:   # (not from a decision of this move: left to the finish step's checks)
+                break
+            for j in back:
+                tl.apply(j, KEEP)
         rtime = tl.tables.n_rtime
         spent = np.zeros(problem.num_nodes)
         for ch in tl.state.chains.values():

@@ -360,7 +360,7 @@ def set_many(tl, changes) -> None:
     st = tl.state
     pts: set[int] = set()
     for j, pol, fl, wt in changes:
-        pts |= tl.affected(j)
+        pts |= tl.affected(j, host_copy=(pol == SWAP) != (int(st.pol_l[j]) == SWAP))
         tl.apply(j, pol, Effect(0.0, {}, None, NEG, -1, True, fl if pol == SWAP else 0,
                                 wt if pol == SWAP else -1), refresh=False)
     tl.install_swaps(swap_layer(tl.tables, tl.windows, st, np.flatnonzero(st.pol == SWAP), st.regen_time))

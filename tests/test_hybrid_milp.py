@@ -330,6 +330,35 @@ def test_starting_plans_are_solutions_of_the_model(make, copy_steps, frac):
     assert fitted
 
 
+def test_a_copy_in_charged_over_the_budget_is_issued_later():
+    """libra's hybrid plan on the U-net at 0.9 with its copies in issued as early as possible (the
+    model charges them from then on, over the budget): ``hybrid_assignment`` rejects it;
+    ``fitted_assignment`` issues them later, and gives a point of the model whose lowered plan fits
+    the budget in the simulator and simulates no faster than the model's objective."""
+    from libra_opt.solvers.checkmate.hybrid_model import hybrid_from_schedule
+
+    p = with_bandwidth(unet(), 1.0)
+    g = CheckmateGraph.from_problem(p)
+    budget = int(0.9 * no_remat_peak(p))
+    m = HybridModel(g, budget)
+    S, IN, A, B, OFF = hybrid_from_schedule(g, solve(p, budget, "libra", policy="hybrid").schedule)
+    early = np.zeros_like(IN)
+    for t, v in zip(*np.nonzero(IN)):
+        k = t
+        while (k - 1 > g.value_node[v] and not (S[k - 1, v] or B[k - 1, v] or A[k - 1, v])
+               and m.in_idx[k - 1, v] >= 0):
+            k -= 1
+        early[k, v] = True
+    assert (early != IN).any()
+    R = solve_r_opt(g, S, arrived=A, present=B)
+    assert m.hybrid_assignment(R, S, early, A, B, OFF) is None
+    xv, (R2, S2, IN2, A2, B2) = m.fitted_assignment(R, S, early, A, B, OFF)
+    assert m.satisfies(xv) and (IN2 != early).any()
+    sched = schedule_from_rs(g, R2, S2, swap_in=IN2, arrive=A2, swap_out=OFF, swap_now=B2)
+    sim = simulate(p, sched, budget)
+    assert m.objective_seconds(float(m.obj @ xv)) <= sim.time_s * (1 + REL)
+
+
 def fuzz_5308():
     """Fuzz case 5308 (``random_problem(5308)`` of :mod:`libra_opt.apps.fuzz`, times rounded to
     0.01 ms), the smallest that ended in ``SolverError`` (issue 12): ``t = mm(x)`` is read only by

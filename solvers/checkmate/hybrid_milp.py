@@ -288,7 +288,8 @@ class HybridMILPSolver(Solver):
             tries.append((c.name, c.R, c.S, no_swap, no_swap, no_swap, np.zeros(g.nv, dtype=bool)))
         best = None
         for name, R, S, IN, A, B, OFF in tries:
-            xv = model.hybrid_assignment(R, S, IN, A, B, OFF)
+            fitted = model.fitted_assignment(R, S, IN, A, B, OFF)
+            xv = None if fitted is None else fitted[0]
             if xv is None or not model.satisfies(xv):
                 log.debug("hybrid-milp: the %s plan is not a solution of the model", name)
                 continue
@@ -326,8 +327,9 @@ def _covers(setup: CheckmateSetup, model: HybridModel, budget_bytes: int, own=No
     (:func:`~libra_opt.solvers.certificates.model_covers`): a plan is covered
     when it maps onto a solution of ``model``
     (:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`, then
-    :meth:`HybridModel.hybrid_assignment`, which books each copy in at the
-    stage that issues it) whose objective is at most the plan's simulated
+    :meth:`HybridModel.fitted_assignment`: the copies in share the queue
+    earliest-deadline-first, and one the model would charge over the budget
+    is issued later) whose objective is at most the plan's simulated
     time; the model's optimum, and so its bound, is then at most that time.
     Plans the model cannot express (a swap-in waited for inside a stage, a
     second swap-out, ...) are not covered: the bound says nothing of them.
@@ -343,9 +345,10 @@ def _covers(setup: CheckmateSetup, model: HybridModel, budget_bytes: int, own=No
         except SolverError:
             return None
         R = solve_r_opt(g, S, arrived=A, present=B)
-        xv = model.hybrid_assignment(R, S, IN, A, B, OFF)
-        if xv is None or not model.satisfies(xv):
+        fitted = model.fitted_assignment(R, S, IN, A, B, OFF)
+        if fitted is None or not model.satisfies(fitted[0]):
             return None
+        xv = fitted[0]
         return model.objective_seconds(float(model.obj @ xv)), int(budget_bytes)   # within the model's budget
 
     return model_covers(setup.original, budget_bytes, image)

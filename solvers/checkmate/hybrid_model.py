@@ -394,7 +394,7 @@ class HybridModel(CheckmateModel):
         return R, S, IN, A, B, OFF & (IN | B).any(axis=0)
 
     def hybrid_assignment(self, R: np.ndarray, S: np.ndarray, IN: np.ndarray, A: np.ndarray, B: np.ndarray,
-                          OFF: np.ndarray) -> np.ndarray | None:
+                          OFF: np.ndarray, over: list | None = None) -> np.ndarray | None:
         """A full solution vector for an integral plan of the model (e.g. a
         warm start), or None if it is not one: a swap the model has no
         variable for, a copy that does not land in its window, or memory over
@@ -408,6 +408,9 @@ class HybridModel(CheckmateModel):
             Checkpoints; swap-ins issued at the start of stage ``t``; waited
             for at its end; swapped in and waited for at its start.
         OFF : ndarray of bool, shape (nv,)
+        over : list, optional
+            Receives the stages whose memory is over the model's budget
+            (when that is why None is returned).
         """
         g = self.graph
         if (((IN | A) & (self.in_idx < 0)).any() or (B & (self.b_idx < 0)).any() or (B & S).any()
@@ -479,11 +482,68 @@ class HybridModel(CheckmateModel):
             excess = self._queue_shares(xv, F, A, comp)
             for t, xt in self.x_vars.items():
                 xv[xt] = excess[t]
+        fits = True
         for t, k, u in self.u_vars:
             xv[u] += shift[t]
             if xv[u] > self.ub[u] + 1e-7:
+                fits = False
+                if over is None:
+                    break
+                over.append(t)
+        return xv if fits else None
+
+    def fitted_assignment(self, R: np.ndarray, S: np.ndarray, IN: np.ndarray, A: np.ndarray, B: np.ndarray,
+                          OFF: np.ndarray):
+        """:meth:`hybrid_assignment` of the plan, or, where the model counts
+        more memory than the budget in some stage (the model allocates a copy
+        in from the start of the stage that issues it, a plan may issue it
+        later in that stage), of the plan with its copies in issued later:
+        at the first stage over the budget, the largest copy in flight there
+        is issued at the next stage instead, or, if it lands there, swapped
+        in at the start of the next stage (``B``), until the plan fits or no copy can move (at most ``n``
+        moves).  ``R`` is re-derived (:func:`~libra_opt.solvers.checkmate.plan.solve_r_opt`)
+        after each move.
+
+        Returns
+        -------
+        (xv, (R, S, IN, A, B)) or None
+            The solution vector (shape (num_vars,)) and the plan it is of.
+        """
+        from .plan import solve_r_opt
+
+        g = self.graph
+        m = g.mem_bytes
+        S, IN, A, B = S.copy(), IN.copy(), A.copy(), B.copy()
+        for _move in range(g.n + 1):
+            over: list = []
+            xv = self.hybrid_assignment(R, S, IN, A, B, OFF, over=over)
+            if xv is not None:
+                return xv, (R, S, IN, A, B)
+            if not over:
                 return None
-        return xv
+            t = min(over)
+            best = None          # (bytes, value, issue stage, landing stage)
+            for v in np.flatnonzero(IN[:t + 1].any(axis=0)):
+                for t0 in np.flatnonzero(IN[:t + 1, v]):
+                    u = t0 + int(np.argmax(A[t0:, v]))
+                    if u >= t and (best is None or m[v] > best[0]):
+                        best = (m[v], int(v), int(t0), u)
+            if best is None:
+                return None
+            _, v, t0, u = best
+            IN[t0, v] = False
+            if u > t and self.in_idx[t + 1, v] >= 0:       # issue it at the start of t + 1
+                IN[t + 1, v] = True
+            elif u == t and t + 1 < g.n and self.b_idx[t + 1, v] >= 0:   # swapped in when t + 1 starts
+                A[t, v] = False
+                S[t + 1, v] = False
+                B[t + 1, v] = True
+            else:
+                return None
+            R = solve_r_opt(g, S, arrived=A, present=B)
+            if (R & ~g.recomputable[None, :] & ~np.eye(g.n, dtype=bool)).any():
+                return None
+        return None
 
 
 def hybrid_from_schedule(graph: CheckmateGraph, schedule: Schedule) -> tuple[np.ndarray, ...]:

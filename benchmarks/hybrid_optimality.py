@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 GRAPH_NAMES = ("vgg16_b256_train", "random_layered_n100")
 FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budget_bytes", "status", "time_s",
-          "lower_bound_s", "gap", "milp_bound_s", "solve_s", "libra_time_s", "milp_over_libra", "returned",
+          "lower_bound_s", "gap", "milp_bound_s", "solve_s", "time_limit_s", "libra_time_s", "milp_over_libra", "returned",
           "warm_start", "engine", "message"]
 
 
@@ -125,7 +125,7 @@ def main(argv=None) -> int:
                     done += 1
                     budget = int(frac * peak)
                     row = dict(instance=name, nodes=p.num_nodes, bandwidth_x_step=bw, budget_fraction=frac,
-                               budget_bytes=budget)
+                               budget_bytes=budget, time_limit_s=args.time_limit)
                     try:
                         lib = solve(p, budget, "libra", policy="hybrid")
                         row["libra_time_s"] = lib.time_s

@@ -30,7 +30,8 @@ the plan runs at the compute floor.
 
 Starting solution and fallback (as ``checkmate-milp``'s ``libra_hint``):
 libra's hybrid plan at the same budget, mapped onto the model's variables
-(:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`), the
+(:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`, then
+:meth:`~libra_opt.solvers.hybrid_model.HybridModel.fitted_assignment`), the
 swap-on-demand plan (:func:`~libra_opt.solvers.hybrid_model.swap_on_demand`)
 and the recompute-only plans (libra's, no remat, recompute-forward,
 Checkmate's LP rounding given a quarter of ``time_limit_s``, at most 60 s)
@@ -39,8 +40,10 @@ cheapest the simulator accepts within the budget is returned whenever the
 MILP ends worse or without a plan, so the result is never slower than
 libra's hybrid plan (status then ``"feasible"`` or ``"time_limit"``).
 
-Backends: OR-Tools (SCIP through the model builder, or CBC) or PuLP's CBC,
-with the helpers of :mod:`~libra_opt.solvers.checkmate.backends`; Ctrl-C raises
+Backends: OR-Tools (SCIP through the model builder, or CBC), HiGHS
+(``backend="highs"``, through ``highspy``: ``pip install 'libra-opt[highs]'``)
+or PuLP's CBC, with the helpers of
+:mod:`~libra_opt.solvers.checkmate.backends`; Ctrl-C raises
 ``KeyboardInterrupt`` and never returns a plan from an interrupted solve.
 The model has O(n^2) variables and is never coarsened (a coarse model's
 bound would not bound the problem): problems above ``max_nodes`` nodes are
@@ -105,8 +108,8 @@ class HybridMILPSolver(Solver):
     :class:`~libra_opt.errors.InfeasibleBudgetError` whose
     ``min_feasible_bytes`` is the smallest simulated peak among the plans
     tried (libra hybrid and recompute-only, the heuristic plans, no remat):
-    a budget shown feasible.  Without OR-Tools (or PuLP for
-    ``backend="pulp"``) it raises
+    a budget shown feasible.  Without OR-Tools (or highspy for
+    ``backend="highs"``, PuLP for ``backend="pulp"``) it raises
     :class:`~libra_opt.errors.SolverUnavailableError`.
     """
 

@@ -46,8 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 GRAPH_NAMES = ("vgg16_b256_train", "random_layered_n100")
 FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budget_bytes", "status", "time_s",
-          "lower_bound_s", "gap", "milp_bound_s", "solve_s", "libra_time_s", "milp_over_libra", "returned",
-          "warm_start", "message"]
+          "lower_bound_s", "gap", "milp_bound_s", "solve_s", "time_limit_s", "libra_time_s", "milp_over_libra", "returned",
+          "warm_start", "engine", "message"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -60,6 +60,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="copy time of the no-remat peak, in no-remat steps (default 0.25,1,4)")
     p.add_argument("--time-limit", type=float, default=600.0, metavar="S", help="seconds per MILP (default 600)")
     p.add_argument("--mip-gap", type=float, default=1e-4, help="relative gap at which the MILP stops")
+    p.add_argument("--backend", default="ortools", choices=("ortools", "highs", "pulp"),
+                   help="hybrid-milp's MIP engine (default ortools: SCIP)")
     p.add_argument("--max-nodes", type=int, default=100, help="problems/ instances up to this many nodes")
     p.add_argument("--generate", default="", metavar="N1,N2,...", help="random layered graphs of these sizes")
     p.add_argument("--patterns", default="", metavar="N1,N2,...",
@@ -123,17 +125,19 @@ def main(argv=None) -> int:
                     done += 1
                     budget = int(frac * peak)
                     row = dict(instance=name, nodes=p.num_nodes, bandwidth_x_step=bw, budget_fraction=frac,
-                               budget_bytes=budget)
+                               budget_bytes=budget, time_limit_s=args.time_limit)
                     try:
                         lib = solve(p, budget, "libra", policy="hybrid")
                         row["libra_time_s"] = lib.time_s
                     except InfeasibleBudgetError:
                         row["libra_time_s"] = "infeasible"
                     try:
-                        r = solve(p, budget, "hybrid-milp", time_limit_s=args.time_limit, mip_gap=args.mip_gap)
+                        r = solve(p, budget, "hybrid-milp", time_limit_s=args.time_limit, mip_gap=args.mip_gap,
+                                  backend=args.backend)
                         row.update(status=r.status, time_s=r.time_s, lower_bound_s=r.lower_bound_s, gap=r.gap,
                                    milp_bound_s=r.extras.get("best_bound_s", ""), solve_s=round(r.solve_s, 2),
                                    returned=r.extras.get("returned", ""), warm_start=r.extras.get("warm_start", ""),
+                                   engine=r.extras.get("engine", ""),
                                    message=r.message[:200])
                         if isinstance(row["libra_time_s"], float):
                             row["milp_over_libra"] = r.time_s / row["libra_time_s"]

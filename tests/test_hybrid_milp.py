@@ -8,6 +8,7 @@ exhaustive enumeration of the model's plans.
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import os
 
@@ -139,6 +140,53 @@ def test_optimum_equals_exhaustive_search(tiny_problem, copy_steps, overlap, bud
     assert r.status == "optimal"
     assert r.time_s == pytest.approx(best, rel=REL)
     assert r.lower_bound_s <= best * (1 + REL)
+
+
+HAVE_HIGHSPY = importlib.util.find_spec("highspy") is not None
+
+
+@pytest.mark.skipif(not HAVE_HIGHSPY, reason="highspy (the 'highs' extra) is not installed")
+@pytest.mark.parametrize("copy_steps, overlap", [(0.25, True), (1.0, True), (0.25, False)])
+def test_highs_backend_gives_the_exhaustive_optimum(tiny_problem, copy_steps, overlap):
+    """``backend="highs"`` (HiGHS through highspy) proves the same optimum as the exhaustive
+    search over the model's plans and as SCIP, with a bound at or below it."""
+    p = with_bandwidth(tiny_problem, copy_steps, overlap)
+    best = enumerate_model_plans(p, 210)
+    r = solve(p, 210, "hybrid-milp", time_limit_s=30, libra_hint=False, backend="highs")
+    check_plan(p, r)
+    assert r.extras["engine"] == "highs" and r.status == "optimal"
+    assert r.time_s == pytest.approx(best, rel=REL)
+    assert r.lower_bound_s <= best * (1 + REL)
+    scip = solve(p, 210, "hybrid-milp", time_limit_s=30, libra_hint=False)
+    assert r.time_s == pytest.approx(scip.time_s, rel=REL)
+
+
+@pytest.mark.skipif(not HAVE_HIGHSPY, reason="highspy (the 'highs' extra) is not installed")
+def test_highs_backend_takes_libra_plan_as_incumbent_and_proves_the_optimum():
+    """On the U-net with copies as slow as a step, HiGHS starts from a plan of the model
+    (``extras["warm_start"]``), ends no slower than libra's hybrid plan and SCIP's optimum, and its
+    bound lies at or below SCIP's plan."""
+    p = with_bandwidth(unet(), 1.0)
+    budget = int(0.95 * no_remat_peak(p))
+    r = solve(p, budget, "hybrid-milp", time_limit_s=30, backend="highs")
+    check_plan(p, r)
+    assert r.extras.get("warm_start") and r.status == "optimal"
+    scip = solve(p, budget, "hybrid-milp", time_limit_s=30)
+    libra = solve(p, budget, "libra", policy="hybrid")
+    assert r.time_s <= libra.time_s * (1 + REL)
+    assert r.time_s == pytest.approx(scip.time_s, rel=1e-4)
+    assert r.extras["best_bound_s"] <= scip.time_s * (1 + REL)
+
+
+def test_a_missing_highspy_is_a_clear_error(monkeypatch):
+    """Without highspy, ``backend="highs"`` raises SolverUnavailableError naming the extra to
+    install and the default backend, before any work."""
+    from libra_opt.errors import SolverUnavailableError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "highspy" else real(name, *a))
+    with pytest.raises(SolverUnavailableError, match=r"libra-opt\[highs\].*backend='ortools'"):
+        solve(with_bandwidth(linear_network(3), 1.0), 0.7, "hybrid-milp", backend="highs")
 
 
 def test_infeasible_budget_names_a_feasible_one():
@@ -280,6 +328,35 @@ def test_starting_plans_are_solutions_of_the_model(make, copy_steps, frac):
         sched = schedule_from_rs(g, R, S, swap_in=IN, arrive=A, swap_out=OFF, swap_now=B)
         simulate(p, sched, budget)
     assert fitted
+
+
+def test_a_copy_in_charged_over_the_budget_is_issued_later():
+    """libra's hybrid plan on the U-net at 0.9 with its copies in issued as early as possible (the
+    model charges them from then on, over the budget): ``hybrid_assignment`` rejects it;
+    ``fitted_assignment`` issues them later, and gives a point of the model whose lowered plan fits
+    the budget in the simulator and simulates no faster than the model's objective."""
+    from libra_opt.solvers.checkmate.hybrid_model import hybrid_from_schedule
+
+    p = with_bandwidth(unet(), 1.0)
+    g = CheckmateGraph.from_problem(p)
+    budget = int(0.9 * no_remat_peak(p))
+    m = HybridModel(g, budget)
+    S, IN, A, B, OFF = hybrid_from_schedule(g, solve(p, budget, "libra", policy="hybrid").schedule)
+    early = np.zeros_like(IN)
+    for t, v in zip(*np.nonzero(IN)):
+        k = t
+        while (k - 1 > g.value_node[v] and not (S[k - 1, v] or B[k - 1, v] or A[k - 1, v])
+               and m.in_idx[k - 1, v] >= 0):
+            k -= 1
+        early[k, v] = True
+    assert (early != IN).any()
+    R = solve_r_opt(g, S, arrived=A, present=B)
+    assert m.hybrid_assignment(R, S, early, A, B, OFF) is None
+    xv, (R2, S2, IN2, A2, B2) = m.fitted_assignment(R, S, early, A, B, OFF)
+    assert m.satisfies(xv) and (IN2 != early).any()
+    sched = schedule_from_rs(g, R2, S2, swap_in=IN2, arrive=A2, swap_out=OFF, swap_now=B2)
+    sim = simulate(p, sched, budget)
+    assert m.objective_seconds(float(m.obj @ xv)) <= sim.time_s * (1 + REL)
 
 
 def fuzz_5308():

@@ -61,7 +61,8 @@ def test_the_wheel_declares_the_script_and_one_scheme_of_extras(wheel):
     eps.read_string(zf.read(f"{dist_info}/entry_points.txt").decode())
     assert eps["console_scripts"]["libra-opt"] == "libra_opt.cli:main"
     meta = email.message_from_bytes(zf.read(f"{dist_info}/METADATA"))
-    assert set(meta.get_all("Provides-Extra")) == {"zoo", "plot", "huggingface", "lightning", "demo", "test", "all"}
+    assert set(meta.get_all("Provides-Extra")) == {"zoo", "plot", "huggingface", "lightning", "highs", "demo", "test",
+                                                     "all"}
     requires = meta.get_all("Requires-Dist")
     core = [r for r in requires if "extra ==" not in r]
     assert not any(r.startswith(("transformers", "matplotlib")) for r in core)  # extras, not core

@@ -12,15 +12,18 @@ Backends: OR-Tools with SCIP, fed the model's CSR matrix in one call
 (``model_builder_helper.ModelBuilderHelper.fill_model_from_sparse_data``,
 OR-Tools' vectorised model builder) with the starting solution as hints
 (``add_hint``); OR-Tools' CBC through ``pywraplp`` (one coefficient per
-call); or PuLP with CBC (:func:`pulp_model`, also used by ``checkmate-lp``'s
-PuLP backend).  Ctrl-C during a solve raises ``KeyboardInterrupt`` (never a
+call); HiGHS through ``highspy`` (:func:`solve_highs`: the CSR matrix in
+one ``Highs.passModel`` call, the starting solution through
+``Highs.setSolution``); or PuLP with CBC (:func:`pulp_model`, also used by
+``checkmate-lp``'s PuLP backend).  Ctrl-C during a solve raises ``KeyboardInterrupt`` (never a
 plan from an interrupted solve): OR-Tools runs in a worker thread and is
-stopped with ``interrupt_solve`` / ``InterruptSolve``
-(:func:`run_interruptibly`); PuLP's CBC child process is killed and its
+stopped with ``interrupt_solve`` / ``InterruptSolve``, HiGHS with
+``Highs.cancelSolve`` (:func:`run_interruptibly`); PuLP's CBC child process is killed and its
 temporary files removed (:func:`run_pulp`).
 
-Sources: OR-Tools' ``model_builder_helper`` and ``pywraplp`` APIs; PuLP's
-``LpProblem`` and ``PULP_CBC_CMD``.
+Sources: OR-Tools' ``model_builder_helper`` and ``pywraplp`` APIs; HiGHS's
+Python interface ``highspy`` (``Highs.passModel``, ``setSolution``,
+``getInfo().mip_dual_bound``); PuLP's ``LpProblem`` and ``PULP_CBC_CMD``.
 """
 from __future__ import annotations
 
@@ -43,9 +46,9 @@ from .model import CheckmateModel
 log = logging.getLogger(__name__)
 
 __all__ = ["BACKENDS", "ORTOOLS_SOLVERS", "MIPOptions", "check_mip_options", "MipResult", "solve_mip",
-           "solve_ortools", "solve_pulp", "pulp_model", "run_pulp", "run_interruptibly", "cbc_command"]
+           "solve_ortools", "solve_highs", "solve_pulp", "pulp_model", "run_pulp", "run_interruptibly", "cbc_command"]
 
-BACKENDS = ("ortools", "pulp")
+BACKENDS = ("ortools", "highs", "pulp")
 ORTOOLS_SOLVERS = ("auto", "SCIP", "CBC")
 
 
@@ -58,12 +61,15 @@ class MIPOptions:
 
     Attributes
     ----------
-    backend : {"ortools", "pulp"}
-        ``"ortools"``: OR-Tools ``pywraplp``; ``"pulp"``: PuLP with its CBC.
+    backend : {"ortools", "highs", "pulp"}
+        ``"ortools"``: OR-Tools (SCIP or CBC, ``ortools_solver``);
+        ``"highs"``: HiGHS through ``highspy`` (``pip install
+        libra-opt[highs]``); ``"pulp"``: PuLP with its CBC.
     ortools_solver : {"auto", "SCIP", "CBC"}
         The MIP engine behind OR-Tools; ``"auto"`` takes SCIP if built in,
         else CBC.  (OR-Tools 9.15's HiGHS interface crashes when given a
-        starting solution, so it is not offered.)
+        starting solution, so it is offered as ``backend="highs"``
+        through ``highspy`` instead.)
     time_limit_s : float
         Wall-clock limit of the whole solve (starting plans included; the
         MILP itself gets what is left, at least 1 s), seconds.
@@ -99,7 +105,8 @@ def check_mip_options(o, solver: str) -> None:
     SolverOptionError
         An option out of range; the message names it and the valid values.
     SolverUnavailableError
-        The backend's package (``ortools`` or ``pulp``) is not installed.
+        The backend's package (``ortools``, ``highspy`` or ``pulp``) is not
+        installed.
     """
     if o.backend not in BACKENDS:
         raise SolverOptionError(f"{solver}: unknown backend {o.backend!r}; use one of {BACKENDS}")
@@ -112,14 +119,15 @@ def check_mip_options(o, solver: str) -> None:
         raise SolverOptionError(f"{solver}: mip_gap must be in [0, 1), got {o.mip_gap}")
     if o.threads is not None and o.threads < 1:
         raise SolverOptionError(f"{solver}: threads must be a positive integer or None, got {o.threads}")
-    mod = "ortools" if o.backend == "ortools" else "pulp"
+    mod = {"ortools": "ortools", "highs": "highspy", "pulp": "pulp"}[o.backend]
     import importlib.util
 
     if importlib.util.find_spec(mod) is None:
         from libra_opt.errors import SolverUnavailableError
 
+        hint = "pip install 'libra-opt[highs]' (or pip install highspy)" if mod == "highspy" else f"pip install {mod}"
         raise SolverUnavailableError(f"{solver} backend {o.backend!r} needs {mod}, which is not "
-                                     f"installed: pip install {mod}")
+                                     f"installed: {hint}, or use backend='ortools'")
 
 
 @dataclass
@@ -140,7 +148,7 @@ class MipResult:
     hit_time_limit : bool
         The solve stopped at its time limit.
     engine : str
-        ``"ortools-SCIP"``, ``"ortools-CBC"``, ``"pulp-CBC"`` (or ``"bounds"`` when the caller
+        ``"ortools-SCIP"``, ``"ortools-CBC"``, ``"highs"``, ``"pulp-CBC"`` (or ``"bounds"`` when the caller
         found the model infeasible before any solve).
     """
 
@@ -154,7 +162,8 @@ class MipResult:
 
 def solve_mip(model: CheckmateModel, hint, time_limit_s: float, o: MIPOptions) -> MipResult:
     """Solve ``model`` with the backend ``o.backend`` names: :func:`solve_ortools`
-    (``"ortools"``) or :func:`solve_pulp` (``"pulp"``).
+    (``"ortools"``), :func:`solve_highs` (``"highs"``) or :func:`solve_pulp`
+    (``"pulp"``).
 
     Parameters
     ----------
@@ -171,12 +180,15 @@ def solve_mip(model: CheckmateModel, hint, time_limit_s: float, o: MIPOptions) -
     Raises
     ------
     SolverUnavailableError
-        OR-Tools was built without the engine asked for.
+        OR-Tools was built without the engine asked for, or ``highspy`` is
+        missing for ``backend="highs"``.
     KeyboardInterrupt
         Ctrl-C during the solve (the native solve is stopped first).
     """
     if o.backend == "ortools":
         return solve_ortools(model, hint, time_limit_s, o)
+    if o.backend == "highs":
+        return solve_highs(model, hint, time_limit_s, o)
     return solve_pulp(model, hint, time_limit_s, o)
 
 
@@ -249,6 +261,82 @@ def _solve_model_builder(model: CheckmateModel, hint, time_limit_s: float, o: MI
     if st == mbh.SolveStatus.INFEASIBLE:
         return MipResult(None, "infeasible", None, None, False, name)
     return MipResult(None, "no_solution", None, bound, hit, name)
+
+
+def solve_highs(model: CheckmateModel, hint, time_limit_s: float, o: MIPOptions) -> MipResult:
+    """Solve ``model`` with HiGHS (``highspy``): bounds, objective,
+    integrality and the CSR matrix in one ``Highs.passModel`` call, the
+    starting solution through ``Highs.setSolution`` (HiGHS checks it and
+    keeps it as its incumbent when it is feasible), ``time_limit``,
+    ``mip_rel_gap`` and ``threads`` as options.  The bound is
+    ``getInfo().mip_dual_bound``, also when the solve stops without a
+    solution.  Parameters and errors as :func:`solve_mip`.
+
+    Raises
+    ------
+    SolverUnavailableError
+        ``highspy`` is not installed (``pip install 'libra-opt[highs]'``).
+    """
+    try:
+        import highspy
+    except ImportError as e:
+        from libra_opt.errors import SolverUnavailableError
+
+        raise SolverUnavailableError("backend='highs' needs highspy, which is not installed: pip install "
+                                     "'libra-opt[highs]' (or pip install highspy), or use backend='ortools'") from e
+    t_build = time.perf_counter()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(o.verbose))
+    A = model.A.tocsr().astype(np.float64)
+    A.sort_indices()
+    inf = h.getInfinity()
+
+    def big(v):        # infinite bounds as HiGHS's infinity
+        v = np.array(v, dtype=np.float64)
+        v[np.isposinf(v)] = inf
+        v[np.isneginf(v)] = -inf
+        return v
+
+    integrality = model.integer.astype(np.int32)      # HighsVarType: 0 continuous, 1 integer
+    h.passModel(int(model.num_vars), int(model.num_rows), int(A.nnz), 2, 1, 0.0,   # row-wise matrix, minimise
+                np.asarray(model.obj, dtype=np.float64), big(model.lb), big(model.ub),
+                big(model.row_lb), big(model.row_ub), A.indptr.astype(np.int32), A.indices.astype(np.int32),
+                A.data, integrality)
+    if hint is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = np.asarray(hint, dtype=np.float64).tolist()
+        sol.value_valid = True
+        h.setSolution(sol)
+    time_limit_s = max(time_limit_s - (time.perf_counter() - t_build), 1.0)  # filling the model counts too
+    h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(o.mip_gap))
+    if o.threads is not None:
+        h.setOptionValue("threads", int(o.threads))
+    t0 = time.perf_counter()
+    # HiGHS checks its time limit between phases only (a root cut loop of a 60k-column model overran a
+    # 240 s limit by minutes): a timer asks it to stop 5 s after the limit
+    watchdog = threading.Timer(time_limit_s + 5.0, h.cancelSolve)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        run_interruptibly(h.run, h.cancelSolve, "HiGHS")
+    finally:
+        watchdog.cancel()
+    took = time.perf_counter() - t0
+    ms = h.getModelStatus()
+    info = h.getInfo()
+    S = highspy.HighsModelStatus
+    hit = ms in (S.kTimeLimit, S.kInterrupt) or took >= 0.98 * time_limit_s
+    bound = float(info.mip_dual_bound)
+    bound = bound if np.isfinite(bound) and abs(bound) < 1e20 else None
+    if ms == S.kInfeasible:
+        return MipResult(None, "infeasible", None, None, False, "highs")
+    if info.primal_solution_status == 2:     # kSolutionStatusFeasible
+        x = np.asarray(h.getSolution().col_value, dtype=np.float64)
+        optimal = ms == S.kOptimal
+        return MipResult(x, "optimal" if optimal else "feasible", float(info.objective_function_value), bound,
+                         hit and not optimal, "highs")
+    return MipResult(None, "no_solution", None, bound, hit, "highs")
 
 
 def _solve_pywraplp(model: CheckmateModel, hint, time_limit_s: float, o: MIPOptions) -> MipResult:

@@ -30,7 +30,8 @@ the plan runs at the compute floor.
 
 Starting solution and fallback (as ``checkmate-milp``'s ``libra_hint``):
 libra's hybrid plan at the same budget, mapped onto the model's variables
-(:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`), the
+(:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`, then
+:meth:`~libra_opt.solvers.hybrid_model.HybridModel.fitted_assignment`), the
 swap-on-demand plan (:func:`~libra_opt.solvers.hybrid_model.swap_on_demand`)
 and the recompute-only plans (libra's, no remat, recompute-forward,
 Checkmate's LP rounding given a quarter of ``time_limit_s``, at most 60 s)
@@ -39,8 +40,10 @@ cheapest the simulator accepts within the budget is returned whenever the
 MILP ends worse or without a plan, so the result is never slower than
 libra's hybrid plan (status then ``"feasible"`` or ``"time_limit"``).
 
-Backends: OR-Tools (SCIP through the model builder, or CBC) or PuLP's CBC,
-with the helpers of :mod:`~libra_opt.solvers.checkmate.backends`; Ctrl-C raises
+Backends: OR-Tools (SCIP through the model builder, or CBC), HiGHS
+(``backend="highs"``, through ``highspy``: ``pip install 'libra-opt[highs]'``)
+or PuLP's CBC, with the helpers of
+:mod:`~libra_opt.solvers.checkmate.backends`; Ctrl-C raises
 ``KeyboardInterrupt`` and never returns a plan from an interrupted solve.
 The model has O(n^2) variables and is never coarsened (a coarse model's
 bound would not bound the problem): problems above ``max_nodes`` nodes are
@@ -105,8 +108,8 @@ class HybridMILPSolver(Solver):
     :class:`~libra_opt.errors.InfeasibleBudgetError` whose
     ``min_feasible_bytes`` is the smallest simulated peak among the plans
     tried (libra hybrid and recompute-only, the heuristic plans, no remat):
-    a budget shown feasible.  Without OR-Tools (or PuLP for
-    ``backend="pulp"``) it raises
+    a budget shown feasible.  Without OR-Tools (or highspy for
+    ``backend="highs"``, PuLP for ``backend="pulp"``) it raises
     :class:`~libra_opt.errors.SolverUnavailableError`.
     """
 
@@ -288,7 +291,8 @@ class HybridMILPSolver(Solver):
             tries.append((c.name, c.R, c.S, no_swap, no_swap, no_swap, np.zeros(g.nv, dtype=bool)))
         best = None
         for name, R, S, IN, A, B, OFF in tries:
-            xv = model.hybrid_assignment(R, S, IN, A, B, OFF)
+            fitted = model.fitted_assignment(R, S, IN, A, B, OFF)
+            xv = None if fitted is None else fitted[0]
             if xv is None or not model.satisfies(xv):
                 log.debug("hybrid-milp: the %s plan is not a solution of the model", name)
                 continue
@@ -326,8 +330,9 @@ def _covers(setup: CheckmateSetup, model: HybridModel, budget_bytes: int, own=No
     (:func:`~libra_opt.solvers.certificates.model_covers`): a plan is covered
     when it maps onto a solution of ``model``
     (:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`, then
-    :meth:`HybridModel.hybrid_assignment`, which books each copy in at the
-    stage that issues it) whose objective is at most the plan's simulated
+    :meth:`HybridModel.fitted_assignment`: the copies in share the queue
+    earliest-deadline-first, and one the model would charge over the budget
+    is issued later) whose objective is at most the plan's simulated
     time; the model's optimum, and so its bound, is then at most that time.
     Plans the model cannot express (a swap-in waited for inside a stage, a
     second swap-out, ...) are not covered: the bound says nothing of them.
@@ -343,9 +348,10 @@ def _covers(setup: CheckmateSetup, model: HybridModel, budget_bytes: int, own=No
         except SolverError:
             return None
         R = solve_r_opt(g, S, arrived=A, present=B)
-        xv = model.hybrid_assignment(R, S, IN, A, B, OFF)
-        if xv is None or not model.satisfies(xv):
+        fitted = model.fitted_assignment(R, S, IN, A, B, OFF)
+        if fitted is None or not model.satisfies(fitted[0]):
             return None
+        xv = fitted[0]
         return model.objective_seconds(float(model.obj @ xv)), int(budget_bytes)   # within the model's budget
 
     return model_covers(setup.original, budget_bytes, image)

@@ -55,6 +55,15 @@ runs, recomputations and ``B`` copies in between, so the storage has been
 released there: memory is never under-counted, and a plan of the model fits
 the budget in the simulator.
 
+Valid inequalities (they cut fractional points only: every integral point
+of the model with ``Q`` at what is left of the copy satisfies them, so the
+optimum is unchanged and the LP bound tighter): ``Q[t, v] <= F[t, v] -
+A[t, v]`` (nothing of a copy is left once it lands, and nothing when no copy
+is in flight; it replaces ``Q + A <= 1``); ``P[s, v] >= OFF[v] - (D[s] -
+D[p(v) + 1]) / g`` where ``g = c(p(v) + 1) + d_v - c(s) > 0`` (the copy out
+alone outlasts the first runs before ``s`` by ``g``: only that much extra
+delay lets it end before stage ``s``).
+
 Time (the objective): ``sum_t (C_t + X_t) + sum d_v B[t, v]`` with ``C_t`` stage ``t``'s
 compute (first runs at ``time_s``, recomputations at the executor's recompute
 cost) and ``X_t >= sum_v d_v x[t, v] - C_t`` the host-to-device transfer
@@ -233,7 +242,7 @@ class HybridModel(CheckmateModel):
                     q = new_var(0.0, 1.0, 0.0, False)
                     add_row([(x, 1.0), (f, -1.0)], -inf, 0.0)
                     add_row([(q, 1.0), (i, -1.0), (x, 1.0)] + ([(prev[2], -1.0)] if prev else []), 0.0, inf)
-                    add_row([(q, 1.0), (a, 1.0)], -inf, 1.0)
+                    add_row([(q, 1.0), (a, 1.0), (f, -1.0)], -inf, 0.0)   # Q <= F - A: nothing left once landed
                     flights.append((t, int(v), f, x, q))
                 prev = (f, a, q)
             add_row([(prev[0], 1.0), (prev[1], -1.0)], 0.0, 0.0)   # every copy in lands in the window
@@ -275,7 +284,7 @@ class HybridModel(CheckmateModel):
         n = g.n
         s_idx = self.s_idx
         c = self.static_start_s / self.time_scale
-        eps = 1e-9 * max(float(c[-1]), 1.0)
+        tiny = 1e-3        # model time units (the mean node cost): the least gap worth a cut
         frees: dict[tuple[int, int], list[int]] = {}
         for t, v, _k, f in self.free_vars:
             frees.setdefault((t, v), []).append(f)
@@ -306,13 +315,59 @@ class HybridModel(CheckmateModel):
                     break
                 big = hi - c[s]     # L[v] - D[s] - c(s) <= hi - c(s)
                 pend = new_var(0.0, 1.0, 0.0, True)       # P = 1 if L > c(s) + D[s] and OFF
-                add_row([(lv, 1.0), (delay[s], -1.0), (pend, -big), (off, big)], -np.inf, c[s] + big - eps)
+                add_row([(lv, 1.0), (delay[s], -1.0), (pend, -big), (off, big)], -np.inf, c[s] + big)
+                gap = c[p + 1] + d_out[v] - c[s]    # the copy alone outlasts the first runs before s by gap:
+                if gap > tiny:                      # P >= OFF - (D[s] - D[p + 1]) / gap (valid cut, see _extend)
+                    add_row([(pend, 1.0), (off, -1.0), (delay[s], 1.0 / gap), (delay[p + 1], -1.0 / gap)],
+                            0.0, np.inf)
                 z = new_var(0.0, 1.0, 0.0, False)         # Z >= P - S[s, v]
                 add_row([(z, 1.0), (pend, -1.0)] + ([(s_idx[s, v], 1.0)] if s_idx[s, v] >= 0 else []), 0.0, np.inf)
                 add_to_row(self.stage_rows[s], z, -m[v])
                 if frees.get((s, int(v))):                # sum_k FREE[s, v, k] + P <= 1
                     add_row([(f, 1.0) for f in frees[(s, int(v))]] + [(pend, 1.0)], -np.inf, 1.0)
                 self.z_vars.append((s, int(v), z, pend))
+
+    def _queue_shares(self, xv: np.ndarray, F: np.ndarray, A: np.ndarray, comp: np.ndarray) -> np.ndarray:
+        """Set the shares ``x`` and what is left ``Q`` of an integral plan's
+        copies in (flights ``F``, arrivals ``A``, shape (n, nv)) to the
+        cheapest split of the host-to-device queue over the stages: each stage
+        ``t`` hides up to ``comp[t]`` (its compute, model units) of transfer,
+        given to the copies in flight in order of arrival (earliest deadline
+        first, which hides the most: Glover's greedy for convex bipartite
+        matching); what a copy still lacks at its last stage is done there,
+        beyond the compute.  Returns the excess per stage (``X``), shape (n,)."""
+        n = self.graph.n
+        d = self.d_in_s / self.time_scale
+        excess = np.zeros(n)
+        by_stage: dict[int, list] = {}
+        for t, v, _f, x, q in self.flights:
+            by_stage.setdefault(t, []).append((v, x, q))
+        left: dict[int, float] = {}          # value -> transfer time its copy in flight still needs
+        deadline: dict[int, int] = {}
+        for t in range(n):
+            cells = by_stage.get(t, [])
+            for v, x, q in cells:
+                xv[x] = xv[q] = 0.0
+                if F[t, v] and v not in left:  # issued here: lands at the end of the first stage u >= t with A
+                    left[v] = float(d[v])
+                    u = t
+                    while not A[u, v]:
+                        u += 1
+                    deadline[v] = u
+            room = float(comp[t])
+            slots = {v: (x, q) for v, x, q in cells}
+            for v in sorted((v for v in left if v in slots), key=lambda v: (deadline[v], v)):
+                x, q = slots[v]
+                take = min(left[v], room) if deadline[v] > t else left[v]   # its last stage: all it lacks
+                room = max(room - take, 0.0)
+                left[v] -= take
+                xv[x] = take / d[v]          # d[v] > 0: a swappable value holds bytes
+                xv[q] = left[v] / d[v]
+                if deadline[v] == t:
+                    del left[v], deadline[v]
+            load = sum(xv[x] * d[v] for v, x, _q in cells)
+            excess[t] = max(0.0, load - float(comp[t]))
+        return excess
 
     # -------------------------------------------------------------- results
     def satisfies(self, xv: np.ndarray, tol: float = 1e-6) -> bool:
@@ -339,12 +394,12 @@ class HybridModel(CheckmateModel):
         return R, S, IN, A, B, OFF & (IN | B).any(axis=0)
 
     def hybrid_assignment(self, R: np.ndarray, S: np.ndarray, IN: np.ndarray, A: np.ndarray, B: np.ndarray,
-                          OFF: np.ndarray) -> np.ndarray | None:
+                          OFF: np.ndarray, over: list | None = None) -> np.ndarray | None:
         """A full solution vector for an integral plan of the model (e.g. a
         warm start), or None if it is not one: a swap the model has no
         variable for, a copy that does not land in its window, or memory over
-        the model's budget.  Each copy in is taken as done in the stage that
-        issues it (a feasible, not the cheapest, share of the queue).
+        the model's budget.  The copies in share the host-to-device queue as
+        cheaply as the model allows (:meth:`_queue_shares`).
 
         Parameters
         ----------
@@ -353,6 +408,9 @@ class HybridModel(CheckmateModel):
             Checkpoints; swap-ins issued at the start of stage ``t``; waited
             for at its end; swapped in and waited for at its start.
         OFF : ndarray of bool, shape (nv,)
+        over : list, optional
+            Receives the stages whose memory is over the model's budget
+            (when that is why None is returned).
         """
         g = self.graph
         if (((IN | A) & (self.in_idx < 0)).any() or (B & (self.b_idx < 0)).any() or (B & S).any()
@@ -417,20 +475,75 @@ class HybridModel(CheckmateModel):
                             later[(t, k2)] = later.get((t, k2), 0.0) + m[v]
             for t, k, u in self.u_vars:
                 xv[u] += later.get((t, k), 0.0)
-            load = np.zeros(g.n)
-            for t, v, _f, x, q in self.flights:
-                xv[x] = 1.0 if IN[t, v] else 0.0
-                xv[q] = 0.0
-                load[t] += xv[x] * self.d_in_s[v] / ts
+            comp = np.zeros(g.n)
+            for t in self.x_vars:
+                comp[t] = sum((g.cost_s[i] if i == t or g.recompute_cost_s is None else g.recompute_cost_s[i])
+                              for i in np.flatnonzero(R[t, :t + 1])) / ts
+            excess = self._queue_shares(xv, F, A, comp)
             for t, xt in self.x_vars.items():
-                comp = sum((g.cost_s[i] if i == t or g.recompute_cost_s is None else g.recompute_cost_s[i])
-                           for i in np.flatnonzero(R[t, :t + 1])) / ts
-                xv[xt] = max(0.0, load[t] - comp)
+                xv[xt] = excess[t]
+        fits = True
         for t, k, u in self.u_vars:
             xv[u] += shift[t]
             if xv[u] > self.ub[u] + 1e-7:
+                fits = False
+                if over is None:
+                    break
+                over.append(t)
+        return xv if fits else None
+
+    def fitted_assignment(self, R: np.ndarray, S: np.ndarray, IN: np.ndarray, A: np.ndarray, B: np.ndarray,
+                          OFF: np.ndarray):
+        """:meth:`hybrid_assignment` of the plan, or, where the model counts
+        more memory than the budget in some stage (the model allocates a copy
+        in from the start of the stage that issues it, a plan may issue it
+        later in that stage), of the plan with its copies in issued later:
+        at the first stage over the budget, the largest copy in flight there
+        is issued at the next stage instead, or, if it lands there, swapped
+        in at the start of the next stage (``B``), until the plan fits or no copy can move (at most ``n``
+        moves).  ``R`` is re-derived (:func:`~libra_opt.solvers.checkmate.plan.solve_r_opt`)
+        after each move.
+
+        Returns
+        -------
+        (xv, (R, S, IN, A, B)) or None
+            The solution vector (shape (num_vars,)) and the plan it is of.
+        """
+        from .plan import solve_r_opt
+
+        g = self.graph
+        m = g.mem_bytes
+        S, IN, A, B = S.copy(), IN.copy(), A.copy(), B.copy()
+        for _move in range(g.n + 1):
+            over: list = []
+            xv = self.hybrid_assignment(R, S, IN, A, B, OFF, over=over)
+            if xv is not None:
+                return xv, (R, S, IN, A, B)
+            if not over:
                 return None
-        return xv
+            t = min(over)
+            best = None          # (bytes, value, issue stage, landing stage)
+            for v in np.flatnonzero(IN[:t + 1].any(axis=0)):
+                for t0 in np.flatnonzero(IN[:t + 1, v]):
+                    u = t0 + int(np.argmax(A[t0:, v]))
+                    if u >= t and (best is None or m[v] > best[0]):
+                        best = (m[v], int(v), int(t0), u)
+            if best is None:
+                return None
+            _, v, t0, u = best
+            IN[t0, v] = False
+            if u > t and self.in_idx[t + 1, v] >= 0:       # issue it at the start of t + 1
+                IN[t + 1, v] = True
+            elif u == t and t + 1 < g.n and self.b_idx[t + 1, v] >= 0:   # swapped in when t + 1 starts
+                A[t, v] = False
+                S[t + 1, v] = False
+                B[t + 1, v] = True
+            else:
+                return None
+            R = solve_r_opt(g, S, arrived=A, present=B)
+            if (R & ~g.recomputable[None, :] & ~np.eye(g.n, dtype=bool)).any():
+                return None
+        return None
 
 
 def hybrid_from_schedule(graph: CheckmateGraph, schedule: Schedule) -> tuple[np.ndarray, ...]:
@@ -484,9 +597,12 @@ def hybrid_from_schedule(graph: CheckmateGraph, schedule: Schedule) -> tuple[np.
         elif ins.op == Op.SWAP_IN:
             issued[x] = stage
         elif ins.op == Op.WAIT:
+            if x not in issued:       # waits for a copy out: the storage's residency does not change
+                continue
             resident.add(x)
+            t_issue = issued.pop(x)
             if x in tv:
-                flights.append((tv[x], issued.pop(x, stage), stage))
+                flights.append((tv[x], t_issue, stage))
         elif ins.op == Op.COMPUTE:
             resident.update(problem.nodes[x].outputs)
             if x in seen:

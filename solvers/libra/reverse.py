@@ -11,8 +11,9 @@ segmentation CNN at the tightest budget libra plans (0.328 of its peak),
 
 :class:`ReverseRefiner` is a portfolio member built like a descent but
 taking one move: every recomputable window recomputed at once
-(:meth:`ReverseRefiner._build`), each decision recorded with its marginal
-cost in that plan (what giving it back alone saves).  The usual finish
+(:meth:`ReverseRefiner._build`), each decision recorded with the time its
+producer's recomputations take over every chain of that plan (which orders
+the undo pass, costliest first).  The usual finish
 step (:class:`~libra_opt.solvers.libra.finish.Finisher`) then works from
 the bottom: the undo pass gives back, most expensive first, every decision
 the budget does not need, and the exchange moves trade a costly decision for

@@ -496,14 +496,27 @@ class BaselineCandidate:
     plan() -> BaselinePlan
         Lowers and simulates the plan on the first call and returns the same
         :class:`BaselinePlan` after (errors of the lowering propagate).
+    cannot_beat(added_s, total_compute_s) -> bool
+        The plan's added time is certainly above ``added_s``: it can neither
+        be cheaper nor tie, so it need not be built.
     """
 
     __slots__ = ("added_s_bound", "_build", "_plan")
+
+    #: relative slack on the bound (the simulator sums the times in another order than the bound)
+    BOUND_SLACK = 1e-9
 
     def __init__(self, build, added_s_bound: float = 0.0):
         self.added_s_bound = float(added_s_bound)
         self._build = build
         self._plan: BaselinePlan | None = None
+
+    def cannot_beat(self, added_s: float, total_compute_s: float) -> bool:
+        """Whether the plan's simulated added time is certainly above
+        ``added_s`` (seconds): its lower bound exceeds it by more than
+        :attr:`BOUND_SLACK` of ``total_compute_s + added_s`` (the problem's
+        no-remat compute time, seconds, and ``added_s``)."""
+        return self.added_s_bound - added_s > self.BOUND_SLACK * (total_compute_s + added_s)
 
     def plan(self) -> BaselinePlan:
         """The plan, built once (see the class docstring)."""
@@ -750,9 +763,6 @@ class ChenGreedySolver(Solver):
             yield _checkpoint_candidate(problem, ckpt, windows, f"segment threshold {b:.0f} bytes: {len(ckpt)} "
                                         f"checkpoints", {"checkpoints": list(ckpt), "threshold_bytes": float(b)})
 
-    #: relative slack on the lower bounds when a plan is skipped (the simulator sums times in another order)
-    BOUND_SLACK = 1e-9
-
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         """The plan with the least ``(added_s, peak_bytes)`` (then the first
         threshold) among those within the budget.
@@ -760,14 +770,14 @@ class ChenGreedySolver(Solver):
         Plans are built in ascending order of their lower bound on added time
         (:attr:`BaselineCandidate.added_s_bound`), and the search stops at the
         first whose bound is above the added time of the best plan found that
-        fits: it, and every later one, can neither be cheaper nor tie.  The
+        fits (:meth:`BaselineCandidate.cannot_beat`): it, and every later one,
+        can neither be cheaper nor tie.  The
         answer is the one of building every plan; where none fits, every plan
         is built (the error states the smallest peak of them all)."""
         cands = list(self.candidates(problem))
-        slack = self.BOUND_SLACK * problem.total_compute_s
         best: tuple | None = None   # (added_s, peak_bytes, threshold index, plan)
         for i in sorted(range(len(cands)), key=lambda i: cands[i].added_s_bound):
-            if best is not None and cands[i].added_s_bound - best[0] > slack + self.BOUND_SLACK * best[0]:
+            if best is not None and cands[i].cannot_beat(best[0], problem.total_compute_s):
                 break
             p = cands[i].plan()
             sim = p.simulation

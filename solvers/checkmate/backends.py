@@ -95,6 +95,22 @@ class MIPOptions:
     verbose: bool = False
 
 
+#: the package each backend imports
+BACKEND_MODULES = {"ortools": "ortools", "highs": "highspy", "pulp": "pulp"}
+
+
+def _missing_backend(solver: str, backend: str):
+    """The ``SolverUnavailableError`` for a backend whose package is not
+    installed, saying how to install it (and, for the others, that
+    ``backend="ortools"`` is the default one)."""
+    from libra_opt.errors import SolverUnavailableError
+
+    mod = BACKEND_MODULES[backend]
+    hint = "pip install 'libra-opt[highs]' (or pip install highspy)" if mod == "highspy" else f"pip install {mod}"
+    other = "" if backend == "ortools" else ", or use backend='ortools'"
+    return SolverUnavailableError(f"{solver} backend {backend!r} needs {mod}, which is not installed: {hint}{other}")
+
+
 def check_mip_options(o, solver: str) -> None:
     """Check the options a MILP solver shares with ``checkmate-milp``
     (``backend``, ``ortools_solver``, ``time_limit_s``, ``mip_gap``,
@@ -119,15 +135,10 @@ def check_mip_options(o, solver: str) -> None:
         raise SolverOptionError(f"{solver}: mip_gap must be in [0, 1), got {o.mip_gap}")
     if o.threads is not None and o.threads < 1:
         raise SolverOptionError(f"{solver}: threads must be a positive integer or None, got {o.threads}")
-    mod = {"ortools": "ortools", "highs": "highspy", "pulp": "pulp"}[o.backend]
     import importlib.util
 
-    if importlib.util.find_spec(mod) is None:
-        from libra_opt.errors import SolverUnavailableError
-
-        hint = "pip install 'libra-opt[highs]' (or pip install highspy)" if mod == "highspy" else f"pip install {mod}"
-        raise SolverUnavailableError(f"{solver} backend {o.backend!r} needs {mod}, which is not "
-                                     f"installed: {hint}, or use backend='ortools'")
+    if importlib.util.find_spec(BACKEND_MODULES[o.backend]) is None:
+        raise _missing_backend(solver, o.backend)
 
 
 @dataclass
@@ -280,10 +291,7 @@ def solve_highs(model: CheckmateModel, hint, time_limit_s: float, o: MIPOptions)
     try:
         import highspy
     except ImportError as e:
-        from libra_opt.errors import SolverUnavailableError
-
-        raise SolverUnavailableError("backend='highs' needs highspy, which is not installed: pip install "
-                                     "'libra-opt[highs]' (or pip install highspy), or use backend='ortools'") from e
+        raise _missing_backend("the MILP", "highs") from e
     t_build = time.perf_counter()
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(o.verbose))

@@ -348,7 +348,7 @@ class _BaselinePool:
         None (logged) where building one fails."""
         out = []
         for c in self.candidates(name):
-            if below is not None and c.added_s_bound - below > self.BOUND_SLACK * (self.problem.total_compute_s + below):
+            if below is not None and c.cannot_beat(below, self.problem.total_compute_s):
                 continue   # its added time is at least the bound: never cheaper than ``below``
             try:
                 out.append(c.plan())
@@ -356,9 +356,6 @@ class _BaselinePool:
                 self._failed(name, e)
                 return []
         return out
-
-    #: relative slack on the bounds: the simulator sums times in another order than the bound
-    BOUND_SLACK = 1e-9
 
     def best(self, names: Sequence[str], budget: int, below: float | None = None) -> tuple[str, BaselinePlan] | None:
         """The cheapest plan (simulated added seconds) of ``names`` within

@@ -14,7 +14,7 @@ from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.apps.fuzz import INFEASIBLE, PLAN, check_case
 from libra_opt.ir.problem import ProblemBuilder
 from libra_opt.ir.problem_io import load_problem
-from libra_opt.passes.simulator import simulate
+from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import RawSolution, Solver, solve, solve_many
 
 PROBLEMS = Path(__file__).resolve().parents[1] / "problems"
@@ -44,24 +44,43 @@ def test_libra_hybrid_on_a_large_profile_is_no_costlier_than_recompute_only_or_c
     assert hybrid.simulation.added_s < ckpt.simulation.added_s / 10
 
 
-def test_libra_hybrid_on_a_large_profile_runs_both_retain_inputs_settings():
-    """On problems of more than 1,000 nodes hybrid's portfolio holds a hybrid
-    descent with retained chain inputs too (GPT-2 medium b8 at 0.5: it is the
-    cheaper one there); the plan is no costlier than the portfolio without
-    it, and within the budget."""
+def test_libra_hybrid_on_a_large_profile_retains_chain_inputs_and_runs_the_other_setting_where_it_misses():
+    """On problems of more than 1,000 nodes hybrid's descent scores retained
+    chain inputs (GPT-2 medium b8 at 0.5: the cheaper setting there), and the
+    hybrid descent without them runs only for the budgets the first one does
+    not reach: not at all at 0.5, and at a budget under the first descent's
+    lowest peak.  Each plan is within its budget and no costlier than the
+    portfolio that always runs both settings."""
     from libra_opt.solvers.libra.solver import LibraSolver
 
-    class WithoutVariant(LibraSolver):
+    class BothAlways(LibraSolver):
         def _refiners(self, problem, merge=True):
-            return [ref for ref in super()._refiners(problem, merge) if ref.capped_by is None]
+            refs = super()._refiners(problem, merge)
+            for ref in refs:
+                ref.missed_by = None
+            return refs
 
     p = load_problem(PROBLEMS / "h100_gpt2-medium_b8.json.gz")
     refs = LibraSolver()._refiners(p)
-    assert [(r.opts.policy, r.opts.retain_inputs) for r in refs if r.capped_by is not None] == [("hybrid", True)]
-    full = solve(p, 0.5, "libra")
-    without = WithoutVariant().solve(p, 0.5)
-    assert simulate(p, full.schedule).peak_bytes <= full.budget_bytes
-    assert full.simulation.added_s <= without.simulation.added_s * (1 + 1e-9)
+    assert [(r.opts.policy, r.opts.retain_inputs) for r in refs] == [
+        ("hybrid", True), ("recompute", False), ("swap", False), ("hybrid", False)]
+    assert refs[-1].missed_by is refs[0] and all(r.missed_by is None for r in refs[:-1])
+
+    solver = LibraSolver()
+    refs = solver._refiners(p)
+    half = int(0.5 * no_remat_peak(p))
+    snaps = solver._descend_all(refs, [half])
+    assert snaps[0].get(half) is not None and snaps[-1] == {} and refs[-1].step == 0
+    low = int(0.95 * refs[0].final().peak_bytes)
+    refs = solver._refiners(p)
+    snaps = solver._descend_all(refs, [half, low])
+    assert snaps[0].get(low) is None and refs[-1].asked == {low} and refs[-1].step > 0
+
+    for budget in (0.5, 0.3):
+        r = solve(p, budget, "libra")
+        both = BothAlways().solve(p, budget)
+        assert simulate(p, r.schedule).peak_bytes <= r.budget_bytes
+        assert r.simulation.added_s <= both.simulation.added_s * (1 + 1e-9)
 
 
 def test_libra_on_a_problem_without_nodes_returns_the_empty_plan():

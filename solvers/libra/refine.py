@@ -132,8 +132,7 @@ class Refiner:
         self._since: float | None = None
         self.time_limit_s = opts.time_limit_s   # on busy_s; LibraSolver shares its option among descents
         self.asked: set[int] | None = None      # budgets this descent is run for (None: every budget)
-        self.step_cap: int | None = None        # most steps (a variant of a portfolio: see LibraSolver)
-        self.capped_by: "Refiner | None" = None   # the descent whose step count sets step_cap
+        self.missed_by: "Refiner | None" = None   # run only for the budgets this descent misses (LibraSolver)
         self._final: Snapshot | None = None
         self.undo_memo: dict = {}   # (id(snapshot), budget) -> the undo pass's result (finish.Finisher._undone)
         self._final_peak: int | None = None
@@ -177,7 +176,6 @@ class Refiner:
                 break
             o = self.opts
             if (o.max_steps is not None and self.step >= o.max_steps) or (
-                    self.step_cap is not None and self.step >= self.step_cap) or (
                     self.time_limit_s is not None and self.clock_s() > self.time_limit_s):
                 self.done = self.cut_short = True
                 break

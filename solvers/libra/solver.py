@@ -230,14 +230,13 @@ class LibraOptions:
         ``None`` (the default): on problems of at most
         ``LibraSolver.RETAIN_INPUTS_MAX_NODES`` nodes (1,000), where the
         portfolio also runs a descent with the other setting.  On larger
-        ones the variant holds inputs at memory just under the current peak
-        over long spans, and the descent stalls above budgets it otherwise
-        meets (``h100_gpt2-medium_b8`` at 0.3 of its peak: 0.34 of the peak
-        with it; planned at 0.050 s added without it), so it is off there
-        for the chosen policy's descents, and hybrid's portfolio adds one
-        hybrid descent with it, of at most as many steps as the hybrid
-        descent (``LibraSolver.RETAIN_VARIANT_STEPS``): it wins on some
-        profiles (GPT-2 medium b8 at 0.5: 0.0182 s added against 0.0262).
+        ones it is off for the single policies' descents (it holds inputs
+        at memory just under the current peak over long spans, and a
+        descent can stop above budgets it otherwise meets:
+        ``h100_gpt2-medium_b8`` at 0.3 of its peak, 0.34 of the peak), and
+        on for hybrid's descent with the portfolio (GPT-2 medium b8 at 0.5:
+        0.0182 s added against 0.0262 without), which adds the hybrid descent
+        without it only for the budgets the first one does not reach.
     portfolio : bool
         Hybrid mode only: also refine with recomputation only and with
         swapping only, and return the cheapest of the three plans (estimated
@@ -478,7 +477,10 @@ class LibraSolver(Solver):
         in hybrid mode one per single policy and recompute-only mode's extra
         descents (a recompute-only plan is a hybrid plan); in recompute-only
         mode (and for hybrid's recompute-only extras) one with
-        the other ``retain_inputs`` setting and, on problems of at most
+        the other ``retain_inputs`` setting (in hybrid mode on problems of
+        more than :attr:`POOL_MAX_NODES` nodes: the hybrid descent with
+        retained chain inputs, and one without them only for the budgets it
+        misses, ``Refiner.missed_by``) and, on problems of at most
         :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
         (greedy descents are not monotone in their moves: each of these wins
         on some graphs); ``merge=False`` leaves that one out (the tightening:
@@ -487,7 +489,15 @@ class LibraSolver(Solver):
         the bulk move (:class:`_BulkSwapRefiner`; on larger ones it is a
         fallback, :meth:`_fallbacks`)."""
         o = self._resolved(problem)
-        refs = [Refiner(problem, o)]
+        large = problem.num_nodes > self.POOL_MAX_NODES
+        main = o
+        if o.policy == "hybrid" and o.portfolio and large and self.options.retain_inputs is None:
+            # large problems: hybrid's descent scores retained chain inputs (the single policies' do not);
+            # over the four H100 profiles and GPT-2 b8 s256 at 0.9..0.3 of the peak it is never costlier
+            # than the portfolio that also ran the descent without them, and cheaper once (GPT-2 medium b8
+            # at 0.4: 0.0309 s added against 0.0339)
+            main = dataclasses.replace(o, retain_inputs=True)
+        refs = [Refiner(problem, main)]
         if not o.portfolio:
             return refs
         if o.policy == "swap":
@@ -500,14 +510,12 @@ class LibraSolver(Solver):
             waits = bool(o.swap_waits)
             refs += [Refiner(problem, dataclasses.replace(o, policy=pol, swap_waits=waits))
                      for pol in ("recompute", "swap")]
-            if problem.num_nodes > self.POOL_MAX_NODES:
-                # large problems: the three descents and hybrid's with the other retain_inputs setting (each
-                # wins on some profiles: GPT-2 medium b8 at 0.5, 0.0182 s added with retained inputs, 0.0262
-                # without; ViT-B b128 at 0.3, 0.0350 with, 0.0302 without)
-                # It takes at most RETAIN_VARIANT_STEPS times the steps of the hybrid descent: where it
-                # needs many more, it is stalling (GPT-2 medium b8 at 0.3: 0.34 of the peak at its end).
-                variant = Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs))
-                variant.capped_by = refs[0]
+            if large:
+                # ... and the hybrid descent with the other setting only for the budgets it misses (with
+                # retained inputs it can hold memory just under the peak over long spans and stop above a
+                # budget: GPT-2 medium b8, 0.34 of the peak)
+                variant = Refiner(problem, dataclasses.replace(main, retain_inputs=not main.retain_inputs))
+                variant.missed_by = refs[0]
                 refs.append(variant)
                 return refs
             # recompute-only mode's extra descents too: a recompute-only plan is a hybrid plan, so hybrid
@@ -613,12 +621,18 @@ class LibraSolver(Solver):
         limit = self.options.time_limit_s
         out = []
         for k, ref in enumerate(refs):
-            if ref.capped_by is not None:
-                ref.step_cap = int(self.RETAIN_VARIANT_STEPS * ref.capped_by.step) + 1
+            todo = budgets
+            if ref.missed_by is not None:   # only for the budgets that descent did not reach
+                reached = out[refs.index(ref.missed_by)]
+                todo = [b for b in budgets if reached.get(b) is None]
+                ref.asked = set(todo)
+                if not todo:
+                    out.append({})
+                    continue
             if limit is not None:
                 used = spent_s + sum(r.clock_s() for r in refs[:k])
                 ref.time_limit_s = ref.clock_s() + max(limit - used, 0.0) / (len(refs) - k)
-            out.append(ref.descend(budgets))
+            out.append(ref.descend(todo))
         return out
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
@@ -703,9 +717,6 @@ class LibraSolver(Solver):
     #: recompute-only mode's portfolio adds a descent over every eviction window (``windows="all"``) on
     #: two-phase problems of at most this many nodes (the default windows miss gaps inside a phase)
     ALL_WINDOWS_MAX_NODES = 300
-    #: on problems of more than ``POOL_MAX_NODES`` nodes, hybrid's descent with the other
-    #: ``retain_inputs`` setting takes at most this many times the steps of the hybrid descent
-    RETAIN_VARIANT_STEPS = 1.0
     #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
     #: share of the cheapest one's
     EXCHANGE_SPAN = 0.05

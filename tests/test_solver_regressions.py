@@ -51,14 +51,8 @@ def test_libra_hybrid_on_a_large_profile_retains_chain_inputs_and_runs_the_other
     not reach: not at all at 0.5, and at a budget under the first descent's
     lowest peak.  Each plan is within its budget and no costlier than the
     portfolio that always runs both settings."""
+    from _libra_descents import libra_with_descents
     from libra_opt.solvers.libra.solver import LibraSolver
-
-    class BothAlways(LibraSolver):
-        def _refiners(self, problem, merge=True):
-            refs = super()._refiners(problem, merge)
-            for ref in refs:
-                ref.missed_by = None
-            return refs
 
     p = load_problem(PROBLEMS / "h100_gpt2-medium_b8.json.gz")
     refs = LibraSolver()._refiners(p)
@@ -78,9 +72,47 @@ def test_libra_hybrid_on_a_large_profile_retains_chain_inputs_and_runs_the_other
 
     for budget in (0.5, 0.3):
         r = solve(p, budget, "libra")
-        both = BothAlways().solve(p, budget)
+        both = libra_with_descents(dict(missed_by=None)).solve(p, budget)
         assert simulate(p, r.schedule).peak_bytes <= r.budget_bytes
         assert r.simulation.added_s <= both.simulation.added_s * (1 + 1e-9)
+
+
+def test_a_cheap_recompute_variant_keeps_its_window_in_view_of_the_portfolios_other_descents():
+    """A recomputation variant (retained chain inputs, segment-wise, merged
+    or early regeneration) can cost far less than the plain recomputation,
+    whose chain may also raise a point to the peak.  The portfolio's
+    descents other than the chosen policy's cache, as a window's recompute
+    cost, the cheapest admissible option found, variants included
+    (``Refiner.variant_bounds``), and the point the plain one raised no
+    longer keeps the window out of the selection: the descent looks at it
+    again.  On a random layered graph (the generator of
+    ``random_layered_n100``) at 0.9 of its peak, recompute-only, the plan is
+    within the budget and cheaper than the portfolio's with every descent
+    ordered by the plain recomputation."""
+    from libra_opt.frontend.generators import random_layered_graph
+    from libra_opt.solvers.libra.codes import REC
+    from libra_opt.solvers.libra.refine import _O_REC
+    from _libra_descents import libra_with_descents
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p = random_layered_graph(100, seed=0)
+    refs = LibraSolver(policy="recompute")._refiners(p)
+    assert not refs[0].variant_bounds and len(refs) > 1 and all(ref.variant_bounds for ref in refs[1:])
+    ref = refs[1]
+    tl = ref.tl
+    m = tl.memory()
+    at = int(m.argmax())
+    moves = [ref._evaluate(tl, int(j), at, int(m[at]), int(m[at]), ref.costs, True) for j in ref.candidates(tl, at)]
+    rec = [mv for mv in moves if mv is not None and mv.policy == REC and mv.score > 0]
+    assert rec
+    for mv in rec:
+        assert ref.costs.cost[mv.j, _O_REC] <= mv.removed / mv.score * (1 + 1e-9)
+        assert ref.bat[mv.j, _O_REC] == -1
+
+    r = solve(p, 0.9, "libra", policy="recompute")
+    plain = libra_with_descents(dict(variant_bounds=False), policy="recompute").solve(p, 0.9)
+    assert simulate(p, r.schedule).peak_bytes <= r.budget_bytes
+    assert r.simulation.added_s < plain.simulation.added_s
 
 
 def test_libra_on_a_problem_without_nodes_returns_the_empty_plan():

@@ -132,6 +132,9 @@ class Refiner:
         self._since: float | None = None
         self.time_limit_s = opts.time_limit_s   # on busy_s; LibraSolver shares its option among descents
         self.asked: set[int] | None = None      # budgets this descent is run for (None: every budget)
+        # the cached recompute cost of a window (its selection bound) is the cheapest admissible recompute
+        # option found, variants included (True; LibraSolver's portfolio) or the plain recomputation's
+        self.variant_bounds = False
         self.missed_by: "Refiner | None" = None   # run only for the budgets this descent misses (LibraSolver)
         self._final: Snapshot | None = None
         self.undo_memo: dict = {}   # (id(snapshot), budget) -> the undo pass's result (finish.Finisher._undone)
@@ -390,6 +393,17 @@ class Refiner:
             return None
         chosen = min(ok, key=lambda x: (x.cost, x.swap, x.floor))
         pol, removed = chosen.policy, chosen.removed
+        if descent and self.variant_bounds:
+            # the cached recompute cost orders later selections (a bound of the window's score): a variant
+            # (segment-wise or early regeneration, merged regeneration, retained chain inputs) can cost far
+            # less than the plain recomputation _remember cached, and must keep the window in view, as must
+            # the point the plain recomputation raised where a variant raises none to the peak
+            # (random_layered_n100 at 0.8: n39 costs 11615 plainly, its chain raising n63 over the peak,
+            # and 593 with an input retained; the descent never looked at it again)
+            rec_best = min((x.cost for x in ok if x.policy == REC), default=np.inf)
+            if np.isfinite(rec_best):
+                costs.cost[j, _O_REC] = min(costs.cost[j, _O_REC], rec_best)
+                self.bat[j, _O_REC] = -1
         rec = [max(t.eff.cost_s, 0.0) for t in feasible if t.policy == REC]
         swp = [max(t.eff.cost_s, 0.0) for t in feasible if t.policy == SWAP]
         rec_s = rec[0] if rec else (float(ocost[j, _O_REC]) if np.isfinite(ocost[j, _O_REC]) else None)

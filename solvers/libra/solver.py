@@ -531,10 +531,10 @@ class LibraSolver(Solver):
         # their cheapest recompute variant (Refiner.variant_bounds): over random layered graphs of 100 and
         # 250 nodes at 0.95..0.7 of the peak the mix is cheaper than the plain ordering alone in 14 of 42
         # cells and costlier in none (random_layered_n100 at 0.8: 4548 -> 2223; at 0.9 the plain ordering
-        # finds 377, the optimum, and the other 643).  Not on problems of more than POOL_MAX_NODES nodes,
-        # where the descents are fewer (the H100 profiles: as many plans cheaper as costlier)
+        # finds 377, the optimum, and the other 643).  Not on problems of more than VARIANT_BOUNDS_MAX_NODES
+        # nodes, where the descents are fewer (the H100 profiles: as many plans cheaper as costlier)
         for ref in refs[1:]:
-            ref.variant_bounds = problem.num_nodes <= self.POOL_MAX_NODES
+            ref.variant_bounds = problem.num_nodes <= self.VARIANT_BOUNDS_MAX_NODES
         return refs
 
     def _bulk_ok(self, problem: RematProblem) -> bool:
@@ -725,6 +725,11 @@ class LibraSolver(Solver):
     #: recompute-only mode's portfolio adds a descent over every eviction window (``windows="all"``) on
     #: two-phase problems of at most this many nodes (the default windows miss gaps inside a phase)
     ALL_WINDOWS_MAX_NODES = 300
+    #: the portfolio's descents other than the chosen policy's order candidates by their cheapest
+    #: recompute variant (``Refiner.variant_bounds``) on problems of at most this many nodes (random
+    #: layered graphs of 1,000 nodes, recompute-only at 0.8: 43,919 -> 12,069 added; its solves take up
+    #: to 2.5x the CPU seconds at infeasible budgets, where the tightening runs the descents again)
+    VARIANT_BOUNDS_MAX_NODES = 1000
     #: exchange moves are tried from the descents whose plan (undo pass done) is estimated within this
     #: share of the cheapest one's (they can cut a plan's added time 4x: ``random_layered_graph(250,
     #: seed=1)`` at 0.7, recompute-only, 36,739 -> 7,849, where another descent's plan, 7% cheaper before

@@ -663,10 +663,11 @@ class LibraSolver(Solver):
         below = self._below_floor(problem, budget_bytes, pool)
         if below is not None:
             raise self._tightened(problem, below, pool)
+        ran: list[Refiner] = []
         try:
-            return self._solve_at(problem, budget_bytes, pool)
+            return self._solve_at(problem, budget_bytes, pool, ran)
         except InfeasibleBudgetError as e:
-            raise self._tightened(problem, e, pool) from None
+            raise self._tightened(problem, e, pool, ran) from None
 
     def _under_floor(self, problem: RematProblem, budget: int) -> bool:
         """``budget`` (bytes) is under the memory floor and the descents are
@@ -696,9 +697,14 @@ class LibraSolver(Solver):
                         or least)
         return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
-    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None) -> RawSolution:
-        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``."""
+    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None,
+                  ran: list | None = None) -> RawSolution:
+        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``;
+        ``ran`` (a list) receives the descents whose end a solve at any budget
+        reaches (:meth:`_ends_known`), for the tightening."""
         refs = self._refiners(problem)
+        if ran is not None:
+            ran.extend(self._ends_known(refs))
         snaps = self._descend_all(refs, [budget_bytes])
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         refs, snaps = refs + more, snaps + more_snaps
@@ -756,7 +762,7 @@ class LibraSolver(Solver):
     _tight_detail = "the smallest budget it plans, verified"
 
     def _first_planned(self, problem: RematProblem, budgets: list[int],
-                       pool: _BaselinePool | None) -> tuple[int | None, int | None]:
+                       pool: _BaselinePool | None, known: Sequence[Refiner] = ()) -> tuple[int | None, int | None]:
         """The smallest of ``budgets`` found met, by bisection, from one set
         of descents recording all of them (as :meth:`solve_many`; equal to
         single solves), and the highest budget tried and found not met below
@@ -765,11 +771,13 @@ class LibraSolver(Solver):
         budgets (each one the finish step of every descent: seconds on
         thousands of nodes) where a scan from the smallest lowered all the
         infeasible ones; where being met is not monotone in the budget, the
-        budget it returns is still one a solve meets."""
+        budget it returns is still one a solve meets.  ``known``: descents a
+        solve ran already (:meth:`_ends_known`), their ends planned at the
+        budgets at or above their simulated peaks."""
         refs = self._refiners(problem, merge=False)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
-        refs, snaps = refs + more, snaps + more_snaps
+        refs, snaps = refs + more + list(known), snaps + more_snaps + [{} for _ in known]
         grid = sorted(budgets)
         lo, hi, failed = -1, len(grid), None      # grid[hi] met (hi == len: none found yet); grid[lo] not met
         while hi - lo > 1:
@@ -781,8 +789,21 @@ class LibraSolver(Solver):
                 lo, failed = mid, grid[mid]
         return (grid[hi] if hi < len(grid) else None), failed
 
+    @staticmethod
+    def _ends_known(refs: list[Refiner]) -> list[Refiner]:
+        """Of the portfolio's own descents (:meth:`_refiners`), those that a
+        solve at any budget runs: all but a descent run only for the budgets
+        another misses (``Refiner.missed_by``).  Where no plan of its
+        snapshots fits a budget, such a solve runs each one to its end and
+        plans that end at every budget at or above its simulated peak
+        (``Refiner.min_feasible_bytes``; :meth:`_libra_plan`), so that peak
+        is a budget a solve meets: the tightening counts it as met
+        (:meth:`_first_planned`), where its own descents leave the
+        ``merge`` one out."""
+        return [ref for ref in refs if ref.missed_by is None]
+
     def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError,
-                   pool: _BaselinePool | None) -> InfeasibleBudgetError:
+                   pool: _BaselinePool | None, known: Sequence[Refiner] = ()) -> InfeasibleBudgetError:
         """``err`` with a ``min_feasible_bytes`` that is a budget this solver
         then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
 
@@ -793,6 +814,11 @@ class LibraSolver(Solver):
         floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
         known plannable, from one set of descents, and finds the smallest one
         met by bisection (:meth:`_first_planned`); at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
+        ``known``: the descents of the solve that found ``err``
+        (:meth:`_ends_known`): a budget at or above the simulated peak of one's
+        end is met (the ``merge`` descent, which the rounds leave out, can
+        reach lowest: a random layered graph of 1,000 nodes, recompute-only,
+        stated 188,459 bytes without them where a solve meets 171,720).
         Where the stated minimum itself is not met, the next round looks
         above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
@@ -807,7 +833,7 @@ class LibraSolver(Solver):
             k = self.TIGHTEN_GRID
             grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
                                                      * i / k))), lo + 1), hi) for i in range(1, k + 1)})
-            found, failed = self._first_planned(problem, grid, pool)
+            found, failed = self._first_planned(problem, grid, pool, known)
             if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
                 if hi >= peak:
                     break
@@ -907,6 +933,8 @@ class LibraSolver(Solver):
         for ref in refs:
             final = ref.final()
             if ref.min_feasible_bytes() <= budget:
+                if met_only:   # met: the plan min_feasible_bytes measured (the undo pass of an end takes seconds)
+                    return self._raw(ref.as_lowered(final), ref.label)
                 plan = (ref.finish(final, budget, polish=polish) or ref.finish(final, budget, undo=False, repair=False)
                         or ref.as_lowered(final))   # the plan min_feasible_bytes measured
                 return self._raw(plan, ref.label)
@@ -1051,6 +1079,7 @@ class LibraSolver(Solver):
         if not problem.num_nodes:
             return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
         refs = self._refiners(problem)
+        known = self._ends_known(refs)
         aim = [b for b in bb if not self._under_floor(problem, b)]   # (the others: no plan fits, _below_floor)
         snaps = self._descend_all(refs, aim)
         base = (list(refs), list(snaps))
@@ -1065,7 +1094,7 @@ class LibraSolver(Solver):
             below = self._below_floor(problem, b, pool)
             if below is not None:   # no plan fits: the tightening below states the smallest budget met
                 if raise_on_infeasible:
-                    raise self._tightened(problem, below, pool) from None
+                    raise self._tightened(problem, below, pool, known) from None
                 missed.append((len(out), below, time.perf_counter() - t1))
                 out.append(None)
                 continue
@@ -1077,7 +1106,7 @@ class LibraSolver(Solver):
                 raw = self._plan(refs, these, b, pool)
             except InfeasibleBudgetError as e:
                 if raise_on_infeasible:
-                    raise self._tightened(problem, e, pool) from None
+                    raise self._tightened(problem, e, pool, known) from None
                 missed.append((len(out), e, base_s + time.perf_counter() - t1))
                 out.append(None)
                 continue
@@ -1087,7 +1116,7 @@ class LibraSolver(Solver):
         if missed:   # one tightening for the sweep, from its highest infeasible budget
             t1 = time.perf_counter()
             top = max(missed, key=lambda m: m[1].budget_bytes)
-            tight = self._tightened(problem, top[1], pool)
+            tight = self._tightened(problem, top[1], pool, known)
             extra_s = time.perf_counter() - t1
             for i, e, s in missed:
                 if tight is not top[1]:

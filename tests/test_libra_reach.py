@@ -148,6 +148,11 @@ def test_stated_minimum_is_no_higher_than_the_end_of_any_descent_a_solve_runs():
     ends = [ref.min_feasible_bytes() for ref in LibraSolver(policy="recompute")._refiners(p)]
     assert m <= min(ends)
     assert_fits(p, solver.solve(p, m))
+    # under the memory floor a solve runs no descent: the tightening's own include the merge one
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solver.solve(p, memory_lower_bound(p) // 2)
+    assert info.value.min_feasible_bytes <= min(ends)
+    assert_fits(p, solver.solve(p, info.value.min_feasible_bytes))
     # ... and a sweep states the same
     rs = solver.solve_many(p, [int(1.02 * memory_lower_bound(p)), m])
     assert rs[0].min_feasible_bytes == m and rs[1].success

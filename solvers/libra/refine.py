@@ -661,6 +661,11 @@ class Refiner:
         (:meth:`Finisher.as_lowered <libra_opt.solvers.libra.finish.Finisher.as_lowered>`)."""
         return Finisher(self).as_lowered(snap)
 
+    def measured_min_feasible_bytes(self) -> int | None:
+        """:meth:`min_feasible_bytes` where it has been measured already, else
+        ``None`` (nothing is run)."""
+        return self._final_peak
+
     def min_feasible_bytes(self) -> int:
         """Simulated peak of the lowered end-of-descent plan (bytes); runs the
         descent to its end if it has not got there."""

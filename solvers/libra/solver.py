@@ -755,8 +755,11 @@ class LibraSolver(Solver):
     REVERSE_MAX_NODES = 200
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
-    #: budgets planned per round
+    #: budgets planned per round: at least this many, and more, up to ``TIGHTEN_GRID_MAX``, where a
+    #: round needs them to end within ``TIGHTEN_REL`` (a round is one set of descents, seconds on a
+    #: 1,000-node graph; each budget one snapshot per descent, under 1 MB there)
     TIGHTEN_GRID = 24
+    TIGHTEN_GRID_MAX = 48
     #: a stated minimum ``m`` is tight when 0.99 ``m`` is at or under a budget found infeasible
     TIGHTEN_REL = 0.01
     _tight_detail = "the smallest budget it plans, verified"
@@ -771,10 +774,16 @@ class LibraSolver(Solver):
         budgets (each one the finish step of every descent: seconds on
         thousands of nodes) where a scan from the smallest lowered all the
         infeasible ones; where being met is not monotone in the budget, the
-        budget it returns is still one a solve meets.  ``known``: descents a
+        budget it returns is still one a solve meets.  Where the end of a
+        descent measured on the way (``Refiner.measured_min_feasible_bytes``;
+        a budget not met measures them all) lies between the budget found and
+        the one below it found not met, that end's simulated peak is returned
+        instead: met too, and lower.  ``known``: descents a
         solve ran already (:meth:`_ends_known`), their ends planned at the
-        budgets at or above their simulated peaks."""
-        refs = self._refiners(problem, merge=False)
+        budgets at or above their simulated peaks; without them (a budget
+        under the memory floor skips the solve's descents) the descents
+        include the ``merge`` one, as a solve's do."""
+        refs = self._refiners(problem, merge=not known)   # (without ends known, the merge descent too)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
         refs, snaps = refs + more + list(known), snaps + more_snaps + [{} for _ in known]
@@ -787,7 +796,13 @@ class LibraSolver(Solver):
                 hi = mid
             except InfeasibleBudgetError:
                 lo, failed = mid, grid[mid]
-        return (grid[hi] if hi < len(grid) else None), failed
+        if hi == len(grid):
+            return None, failed
+        # a descent's end measured between the budgets found (a budget not met plans every end, see
+        # _libra_plan): met at its own simulated peak, which the grid can step over
+        ends = [e for e in (ref.measured_min_feasible_bytes() for ref in refs)
+                if e is not None and (failed is None or e > failed) and e < grid[hi]]
+        return min(ends, default=grid[hi]), failed
 
     @staticmethod
     def _ends_known(refs: list[Refiner]) -> list[Refiner]:
@@ -809,7 +824,7 @@ class LibraSolver(Solver):
 
         The descents' stated minimum (the simulated peak of their lowest plan)
         may not be met by a solve at it, and is often above budgets a solve
-        meets.  Each round plans a geometric grid of :attr:`TIGHTEN_GRID`
+        meets.  Each round plans a geometric grid of :attr:`TIGHTEN_GRID` (up to :attr:`TIGHTEN_GRID_MAX`)
         budgets from the highest budget known infeasible (at least the memory
         floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
         known plannable, from one set of descents, and finds the smallest one
@@ -830,7 +845,9 @@ class LibraSolver(Solver):
         verified, rounds, peak = False, 0, no_remat_peak(problem)
         while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
             rounds += 1
-            k = self.TIGHTEN_GRID
+            # as many budgets as one round needs to end within TIGHTEN_REL, within TIGHTEN_GRID..TIGHTEN_GRID_MAX
+            need = math.ceil(math.log(hi / max(lo, 1)) / -math.log1p(-self.TIGHTEN_REL)) + 1 if hi > lo else 0
+            k = min(max(self.TIGHTEN_GRID, need), self.TIGHTEN_GRID_MAX)
             grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
                                                      * i / k))), lo + 1), hi) for i in range(1, k + 1)})
             found, failed = self._first_planned(problem, grid, pool, known)

@@ -845,8 +845,9 @@ class LibraSolver(Solver):
         verified, rounds, peak = False, 0, no_remat_peak(problem)
         while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
             rounds += 1
-            # as many budgets as one round needs to end within TIGHTEN_REL, within TIGHTEN_GRID..TIGHTEN_GRID_MAX
-            need = math.ceil(math.log(hi / max(lo, 1)) / -math.log1p(-self.TIGHTEN_REL)) + 1 if hi > lo else 0
+            # as many budgets as one round needs to end within half of TIGHTEN_REL (the grid's step), within
+            # TIGHTEN_GRID..TIGHTEN_GRID_MAX
+            need = math.ceil(math.log(hi / max(lo, 1)) / -math.log1p(-self.TIGHTEN_REL / 2)) + 1 if hi > lo else 0
             k = min(max(self.TIGHTEN_GRID, need), self.TIGHTEN_GRID_MAX)
             grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
                                                      * i / k))), lo + 1), hi) for i in range(1, k + 1)})

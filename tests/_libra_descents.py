@@ -12,8 +12,8 @@ def libra_with_descents(attrs: dict, **options) -> LibraSolver:
     each get ``attrs`` (attribute name -> value) set."""
 
     class _WithDescents(LibraSolver):
-        def _refiners(self, problem, merge=True):
-            refs = super()._refiners(problem, merge)
+        def _refiners(self, problem):
+            refs = super()._refiners(problem)
             for ref in refs:
                 for name, value in attrs.items():
                     setattr(ref, name, value)

@@ -176,7 +176,7 @@ def test_undoing_a_swap_replays_the_chains_after_its_window_that_swapped_its_sto
     assert check_case(p, random_budget(p, 719), "libra")[0] in (PLAN, INFEASIBLE)
     budget = 285757627418   # a budget the tightening of the stated minimum plans there
     solver = LibraSolver()
-    refs = solver._refiners(p, merge=False)
+    refs = solver._refiners(p)
     checked = 0
     for ref, snaps in zip(refs, solver._descend_all(refs, [budget])):
         snap = snaps.get(budget)

@@ -472,7 +472,7 @@ class LibraSolver(Solver):
                 "learning, NTHU 2024 (greedy refinement, hybrid recompute/swap)")
     Options = LibraOptions
 
-    def _refiners(self, problem: RematProblem, merge: bool = True) -> list[Refiner]:
+    def _refiners(self, problem: RematProblem) -> list[Refiner]:
         """The descents to run: the chosen policy's, plus, with ``portfolio``,
         in hybrid mode one per single policy and recompute-only mode's extra
         descents (a recompute-only plan is a hybrid plan); in recompute-only
@@ -483,8 +483,7 @@ class LibraSolver(Solver):
         misses, ``Refiner.missed_by``) and, on problems of at most
         :attr:`POOL_MAX_NODES` nodes, one with the other ``merge`` setting
         (greedy descents are not monotone in their moves: each of these wins
-        on some graphs); ``merge=False`` leaves that one out (the tightening:
-        a budget a subset of the descents meets, a solve meets too); in
+        on some graphs); in
         swap-only mode on problems of at most :attr:`POOL_MAX_NODES` nodes,
         the bulk move (:class:`_BulkSwapRefiner`; on larger ones it is a
         fallback, :meth:`_fallbacks`)."""
@@ -522,7 +521,7 @@ class LibraSolver(Solver):
             # returns none costlier than recompute-only mode finds
             o = dataclasses.replace(o, policy="recompute")
         base = refs[1] if self.options.policy == "hybrid" else refs[0]     # the recompute-only descent
-        if merge and problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
+        if problem.num_nodes <= self.POOL_MAX_NODES:   # merged regenerations: costly on large problems
             refs.append(Refiner(problem, dataclasses.replace(o, merge=not o.merge)))
         refs.append(Refiner(problem, dataclasses.replace(o, retain_inputs=not o.retain_inputs)))
         if o.windows == "auto" and base.mode == "default" and problem.num_nodes <= self.ALL_WINDOWS_MAX_NODES:
@@ -663,11 +662,10 @@ class LibraSolver(Solver):
         below = self._below_floor(problem, budget_bytes, pool)
         if below is not None:
             raise self._tightened(problem, below, pool)
-        ran: list[Refiner] = []
         try:
-            return self._solve_at(problem, budget_bytes, pool, ran)
+            return self._solve_at(problem, budget_bytes, pool)
         except InfeasibleBudgetError as e:
-            raise self._tightened(problem, e, pool, ran) from None
+            raise self._tightened(problem, e, pool) from None
 
     def _under_floor(self, problem: RematProblem, budget: int) -> bool:
         """``budget`` (bytes) is under the memory floor and the descents are
@@ -697,14 +695,9 @@ class LibraSolver(Solver):
                         or least)
         return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
-    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None,
-                  ran: list | None = None) -> RawSolution:
-        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``;
-        ``ran`` (a list) receives the descents whose end a solve at any budget
-        reaches (:meth:`_ends_known`), for the tightening."""
+    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None) -> RawSolution:
+        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``."""
         refs = self._refiners(problem)
-        if ran is not None:
-            ran.extend(self._ends_known(refs))
         snaps = self._descend_all(refs, [budget_bytes])
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         refs, snaps = refs + more, snaps + more_snaps
@@ -756,7 +749,7 @@ class LibraSolver(Solver):
     #: rounds of the tightening of a stated minimum budget (each one set of descents)
     TIGHTEN_ROUNDS = 3
     #: budgets planned per round: at least this many, and more, up to ``TIGHTEN_GRID_MAX``, where a
-    #: round needs them to end within ``TIGHTEN_REL`` (a round is one set of descents, seconds on a
+    #: round needs them to step by half of ``TIGHTEN_REL`` (a round is one set of descents, seconds on a
     #: 1,000-node graph; each budget one snapshot per descent, under 1 MB there)
     TIGHTEN_GRID = 24
     TIGHTEN_GRID_MAX = 48
@@ -765,7 +758,7 @@ class LibraSolver(Solver):
     _tight_detail = "the smallest budget it plans, verified"
 
     def _first_planned(self, problem: RematProblem, budgets: list[int],
-                       pool: _BaselinePool | None, known: Sequence[Refiner] = ()) -> tuple[int | None, int | None]:
+                       pool: _BaselinePool | None) -> tuple[int | None, int | None]:
         """The smallest of ``budgets`` found met, by bisection, from one set
         of descents recording all of them (as :meth:`solve_many`; equal to
         single solves), and the highest budget tried and found not met below
@@ -778,15 +771,14 @@ class LibraSolver(Solver):
         descent measured on the way (``Refiner.measured_min_feasible_bytes``;
         a budget not met measures them all) lies between the budget found and
         the one below it found not met, that end's simulated peak is returned
-        instead: met too, and lower.  ``known``: descents a
-        solve ran already (:meth:`_ends_known`), their ends planned at the
-        budgets at or above their simulated peaks; without them (a budget
-        under the memory floor skips the solve's descents) the descents
-        include the ``merge`` one, as a solve's do."""
-        refs = self._refiners(problem, merge=not known)   # (without ends known, the merge descent too)
+        instead: met too, and lower.  The descents are a solve's (the
+        ``merge`` one included: left out, budgets a solve meets were found
+        not met, and on random layered graphs the stated minimum was up to
+        11% above one a solve meets)."""
+        refs = self._refiners(problem)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
-        refs, snaps = refs + more + list(known), snaps + more_snaps + [{} for _ in known]
+        refs, snaps = refs + more, snaps + more_snaps
         grid = sorted(budgets)
         lo, hi, failed = -1, len(grid), None      # grid[hi] met (hi == len: none found yet); grid[lo] not met
         while hi - lo > 1:
@@ -804,21 +796,8 @@ class LibraSolver(Solver):
                 if e is not None and (failed is None or e > failed) and e < grid[hi]]
         return min(ends, default=grid[hi]), failed
 
-    @staticmethod
-    def _ends_known(refs: list[Refiner]) -> list[Refiner]:
-        """Of the portfolio's own descents (:meth:`_refiners`), those that a
-        solve at any budget runs: all but a descent run only for the budgets
-        another misses (``Refiner.missed_by``).  Where no plan of its
-        snapshots fits a budget, such a solve runs each one to its end and
-        plans that end at every budget at or above its simulated peak
-        (``Refiner.min_feasible_bytes``; :meth:`_libra_plan`), so that peak
-        is a budget a solve meets: the tightening counts it as met
-        (:meth:`_first_planned`), where its own descents leave the
-        ``merge`` one out."""
-        return [ref for ref in refs if ref.missed_by is None]
-
     def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError,
-                   pool: _BaselinePool | None, known: Sequence[Refiner] = ()) -> InfeasibleBudgetError:
+                   pool: _BaselinePool | None) -> InfeasibleBudgetError:
         """``err`` with a ``min_feasible_bytes`` that is a budget this solver
         then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
 
@@ -829,11 +808,6 @@ class LibraSolver(Solver):
         floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
         known plannable, from one set of descents, and finds the smallest one
         met by bisection (:meth:`_first_planned`); at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
-        ``known``: the descents of the solve that found ``err``
-        (:meth:`_ends_known`): a budget at or above the simulated peak of one's
-        end is met (the ``merge`` descent, which the rounds leave out, can
-        reach lowest: a random layered graph of 1,000 nodes, recompute-only,
-        stated 188,459 bytes without them where a solve meets 171,720).
         Where the stated minimum itself is not met, the next round looks
         above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
@@ -851,7 +825,7 @@ class LibraSolver(Solver):
             k = min(max(self.TIGHTEN_GRID, need), self.TIGHTEN_GRID_MAX)
             grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
                                                      * i / k))), lo + 1), hi) for i in range(1, k + 1)})
-            found, failed = self._first_planned(problem, grid, pool, known)
+            found, failed = self._first_planned(problem, grid, pool)
             if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
                 if hi >= peak:
                     break
@@ -1097,7 +1071,6 @@ class LibraSolver(Solver):
         if not problem.num_nodes:
             return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
         refs = self._refiners(problem)
-        known = self._ends_known(refs)
         aim = [b for b in bb if not self._under_floor(problem, b)]   # (the others: no plan fits, _below_floor)
         snaps = self._descend_all(refs, aim)
         base = (list(refs), list(snaps))
@@ -1112,7 +1085,7 @@ class LibraSolver(Solver):
             below = self._below_floor(problem, b, pool)
             if below is not None:   # no plan fits: the tightening below states the smallest budget met
                 if raise_on_infeasible:
-                    raise self._tightened(problem, below, pool, known) from None
+                    raise self._tightened(problem, below, pool) from None
                 missed.append((len(out), below, time.perf_counter() - t1))
                 out.append(None)
                 continue
@@ -1124,7 +1097,7 @@ class LibraSolver(Solver):
                 raw = self._plan(refs, these, b, pool)
             except InfeasibleBudgetError as e:
                 if raise_on_infeasible:
-                    raise self._tightened(problem, e, pool, known) from None
+                    raise self._tightened(problem, e, pool) from None
                 missed.append((len(out), e, base_s + time.perf_counter() - t1))
                 out.append(None)
                 continue
@@ -1134,7 +1107,7 @@ class LibraSolver(Solver):
         if missed:   # one tightening for the sweep, from its highest infeasible budget
             t1 = time.perf_counter()
             top = max(missed, key=lambda m: m[1].budget_bytes)
-            tight = self._tightened(problem, top[1], pool, known)
+            tight = self._tightened(problem, top[1], pool)
             extra_s = time.perf_counter() - t1
             for i, e, s in missed:
                 if tight is not top[1]:

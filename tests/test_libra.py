@@ -15,7 +15,7 @@ from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.frontend.generators import random_layered_graph
 from libra_opt.passes.lowering import Eviction, Policy, default_windows, lower
 from libra_opt.ir.problem import BACKWARD, DeviceProfile, ProblemBuilder
-from libra_opt.ir.schedule import Op, Schedule
+from libra_opt.ir.schedule import Op, Schedule, no_remat_schedule
 from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import get_solver, solve
 from libra_opt.solvers.libra.estimate import REC, SWAP, Timeline
@@ -173,9 +173,14 @@ def test_sweep_equals_single_budget_solves(policy, seed):
 @pytest.mark.parametrize("policy", ["hybrid", "recompute"])
 def test_sweep_equals_single_budget_solves_with_repairs(policy):
     """On a random layered graph (Gagrani et al.; 80 nodes, seed 0) some budgets need repairs
-    against the simulated timeline (hybrid), early regenerations and the fallback descent
-    (recompute): the sweep, whose descents go on to lower budgets, still equals single solves."""
+    against the simulated timeline (hybrid, with copies of the no-remat peak taking a quarter of a
+    step: at the default bandwidth swaps hide behind compute and the hybrid descent's plans add no
+    time), early regenerations and the fallback descent (recompute): the sweep, whose descents go
+    on to lower budgets, still equals single solves."""
     p = random_layered_graph(80, seed=0)
+    if policy == "hybrid":
+        step = simulate(p, no_remat_schedule(p)).time_s
+        p = random_layered_graph(80, seed=0, bandwidth_bytes_per_s=4 * no_remat_peak(p) / step)
     solver = get_solver("libra", policy=policy)
     fractions = [0.95, 0.9, 0.8, 0.7, 0.6]
     many = solver.solve_many(p, fractions)
@@ -186,6 +191,46 @@ def test_sweep_equals_single_budget_solves_with_repairs(policy):
         if one.success:
             assert one.schedule == r.schedule
             assert_valid(p, r)
+
+
+def test_a_plan_that_adds_no_time_ends_the_portfolio(monkeypatch):
+    """Where the first descent's plan adds no time (its swaps hide behind compute), no descent,
+    fallback or baseline can be cheaper: a solve returns it without running them, a sweep runs
+    them only for the budgets without such a plan, and the sweep still equals single solves."""
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p = random_layered_graph(80, seed=0)
+    step = simulate(p, no_remat_schedule(p)).time_s
+    p = random_layered_graph(80, seed=0, bandwidth_bytes_per_s=no_remat_peak(p) / step)
+    tol = LibraSolver.FREE_REL * p.total_compute_s
+    calls = []
+    descend = Refiner.descend
+
+    def spy(self, budgets, to_end=False):
+        calls.append((self.opts.policy, tuple(budgets)))
+        return descend(self, budgets, to_end)
+
+    monkeypatch.setattr(Refiner, "descend", spy)
+    solver = get_solver("libra")
+    r = solver.solve(p, 0.95)
+    assert_valid(p, r)
+    assert r.added_s <= tol and calls == [("hybrid", (r.budget_bytes,))]
+
+    class WholePortfolio(LibraSolver):
+        def _free_plans(self, ref, snaps, budgets):
+            return {}
+
+    assert r.added_s <= WholePortfolio().solve(p, 0.95).added_s + tol
+    calls.clear()
+    fractions = [0.95, 0.9, 0.8]
+    many = solver.solve_many(p, fractions)
+    assert many[0].added_s <= tol < many[1].added_s
+    assert calls[0][0] == "hybrid" and len(calls) > 1
+    assert all(many[0].budget_bytes not in budgets for _, budgets in calls[1:])
+    for frac, m in zip(fractions, many):
+        assert_valid(p, m)
+        assert m.schedule == solver.solve(p, frac).schedule
 
 
 def test_decisions_are_deterministic():

@@ -222,8 +222,13 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     def allocated_before(s):
         """Storage ``s`` was allocated before the chain (a tensor of it live, or, for an activation,
         arriving); cached in ``pre_alloc``, whose lookup the loop below does inline."""
-        v = pre_alloc[s] = any(stc(u) == LIVE for u in views[s]) or (
-            t_act[s] and any(stc(u) == ARRIVING for u in views[s]))
+        vs = views[s]
+        if len(vs) == 1:   # one tensor on the storage (most of them): its state alone
+            u = stc(vs[0])
+            v = pre_alloc[s] = u == LIVE or (bool(t_act[s]) and u == ARRIVING)
+            return v
+        v = pre_alloc[s] = any(stc(u) == LIVE for u in vs) or (
+            t_act[s] and any(stc(u) == ARRIVING for u in vs))
         return v
 
     # the byte accounting of add and drop is inlined below, and the cache lookup of allocated_before:

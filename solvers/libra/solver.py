@@ -663,7 +663,7 @@ class LibraSolver(Solver):
         fallback or baseline of the portfolio can be cheaper there, and a
         solve returns that plan without running them (random layered graphs
         of 1,000 nodes, hybrid at 0.3 of the peak, where swaps hide behind
-        compute: 5.7 -> 0.5 CPU s, the recompute-only descents and their
+        compute: 5.7 -> 0.56 CPU s, the recompute-only descents and their
         lowering skipped).  Only snapshots whose estimate adds no time are
         lowered."""
         tol = self.FREE_REL * ref.problem.total_compute_s

@@ -48,7 +48,8 @@ def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing
     by_swap : callable (int) -> bool
         Whether a missing tensor comes back by a swap-in (else by recomputing
         its producer).  Called once per missing tensor the walk reaches, in
-        the walk's order, right after ``is_missing`` returned True for it.
+        the walk's order, when it is entered (it is one of ``missing``, or
+        ``is_missing`` returned True for it).
     producer : sequence
         ``producer[t]``: node id producing tensor ``t``.
     inputs : sequence
@@ -69,23 +70,26 @@ def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing
     """
     visited: set[int] = set()
     order: list[tuple[bool, int]] = []
-    stack = [(t, False) for t in reversed(missing)]
+    # entries: t (enter tensor t) and ~t (t's inputs are done: emit its step); every tensor entered is
+    # missing (``missing`` is, and an input is pushed only where is_missing says so)
+    stack = list(reversed(missing))
     how: dict[int, bool] = {}
     pop, push, visit, emit = stack.pop, stack.append, visited.add, order.append   # hot loop: bound once
     while stack:
-        t, done = pop()
-        if done:
+        t = pop()
+        if t < 0:
+            t = ~t
             emit((True, t) if how[t] else (False, producer[t]))
             continue
-        if t in visited or not is_missing(t):
+        if t in visited:
             continue
         visit(t)
-        push((t, True))
+        push(~t)
         sw = how[t] = by_swap(t)
         if not sw:
             for u in reversed(inputs[producer[t]]):
                 if u not in visited and is_missing(u):
-                    push((u, False))
+                    push(u)
     pending: dict[int, int] = {}
     steps: list[tuple[bool, int]] = []
     seen: set[int] = set()

@@ -858,12 +858,13 @@ class LibraSolver(Solver):
         verified, rounds, peak = False, 0, no_remat_peak(problem)
         while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
             rounds += 1
-            # as many budgets as one round needs to end within half of TIGHTEN_REL (the grid's step), within
+            log_lo = math.log(max(lo, 1))
+            span = math.log(hi) - log_lo   # the grid's range, a log ratio
+            # as many budgets as one round needs to step by half of TIGHTEN_REL, within
             # TIGHTEN_GRID..TIGHTEN_GRID_MAX
-            need = math.ceil(math.log(hi / max(lo, 1)) / -math.log1p(-self.TIGHTEN_REL / 2)) + 1 if hi > lo else 0
+            need = math.ceil(span / -math.log1p(-self.TIGHTEN_REL / 2)) + 1 if span > 0 else 0
             k = min(max(self.TIGHTEN_GRID, need), self.TIGHTEN_GRID_MAX)
-            grid = sorted({min(max(int(round(math.exp(math.log(max(lo, 1)) + (math.log(hi) - math.log(max(lo, 1)))
-                                                     * i / k))), lo + 1), hi) for i in range(1, k + 1)})
+            grid = sorted({min(max(int(round(math.exp(log_lo + span * i / k))), lo + 1), hi) for i in range(1, k + 1)})
             found, failed = self._first_planned(problem, grid, pool)
             if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
                 if hi >= peak:
@@ -1114,7 +1115,7 @@ class LibraSolver(Solver):
         free: dict = {}
         snaps = self._descend_all(refs, aim, free=free)
         base = (list(refs), list(snaps))
-        more, more_snaps = self._fallbacks(problem, refs, [b for b in aim if b not in free], snaps)
+        more, more_snaps = self._fallbacks(problem, refs, aim, snaps)   # (a free budget has a snapshot: not missed)
         refs, snaps = refs + more, snaps + more_snaps
         spent = [ref.clock_s() for ref in refs]
         pool = self._pool(problem)

@@ -51,7 +51,7 @@ from .result import OPTIMAL, RawSolution
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BaselinePlan", "BaselineCandidate", "recompute_bound_s", "NoRematSolver", "CheckpointAllSolver",
+__all__ = ["BaselinePlan", "BaselineCandidate", "recompute_bound_s", "copy_bound_s", "NoRematSolver", "CheckpointAllSolver",
            "ChenSqrtSolver", "ChenGreedySolver", "SwapAllSolver", "forward_cut_points", "safe_recompute_decisions", "segment_windows", "chen_greedy_checkpoints", "chen_sqrt_checkpoints"]
 
 _CHEN = ("Chen, Xu, Zhang, Guestrin. Training Deep Nets with Sublinear Memory Cost. arXiv:1604.06174, 2016")
@@ -488,8 +488,8 @@ class BaselineCandidate:
     ----------
     added_s_bound : float
         A lower bound on the plan's ``simulation.added_s`` (seconds), known
-        from its decisions alone (:func:`recompute_bound_s`; 0 where none is
-        known, as for swaps).
+        from its decisions alone (:func:`recompute_bound_s` for recomputes,
+        :func:`copy_bound_s` for swaps; 0 where none is known).
 
     Methods
     -------
@@ -545,6 +545,30 @@ def recompute_bound_s(problem: RematProblem, decisions: dict[int, Policy]) -> fl
         return 0.0
     rt = problem.recompute_time
     return float(sum(float(rt[v]) for v in producers))
+
+
+def copy_bound_s(problem: RematProblem, decisions: dict[int, Policy]) -> float:
+    """A lower bound on the simulated added time of the plan the lowering
+    makes of ``decisions`` over default windows (seconds), from its copies
+    out: every storage whose policy is ``SWAP`` is copied to the host once
+    (``SwapOut`` right after its producer, :func:`~libra_opt.lowering.lower`),
+    the copies run one after another on the device-to-host queue at
+    ``problem.device.d2h_bytes_per_s``, the first no earlier than the end
+    of the first swapped storage's producer in the no-remat plan (a plan
+    only adds compute and stalls before it), and the step ends no earlier
+    than its last copy (the simulator's step time is the latest of the
+    compute stream and both queues).  So the step takes at least that end
+    time, and the added time is that less ``problem.total_compute_s``
+    (0 where the copies hide behind compute, or nothing is swapped).
+    Source: the simulator's copy queues (:mod:`libra_opt.passes.simulator`).
+    """
+    swapped = [s for s, pol in decisions.items() if pol == Policy.SWAP]
+    if not swapped:
+        return 0.0
+    tensors = problem.tensors
+    nbytes = sum(int(tensors[s].nbytes) for s in swapped)
+    first_end = float(problem.tables.cum[min(tensors[s].producer for s in swapped) + 1])
+    return max(first_end + nbytes / float(problem.device.d2h_bytes_per_s) - problem.total_compute_s, 0.0)
 
 
 def _first_fitting(problem: RematProblem, plans: Iterable[BaselinePlan], budget_bytes: int, solver: str,
@@ -836,15 +860,17 @@ class SwapAllSolver(Solver):
         return (c.plan() for c in self.candidates(problem))
 
     def candidates(self, problem: RematProblem) -> Iterator[BaselineCandidate]:
-        """:meth:`plans`, each before it is lowered (:class:`BaselineCandidate`, no bound: 0)."""
+        """:meth:`plans`, each before it is lowered (:class:`BaselineCandidate`, with its
+        :func:`copy_bound_s`: ``libra``'s portfolio builds neither where its own plan is cheaper)."""
         windows = default_windows(problem)
         dec = {s: Policy.SWAP for s in windows}
+        bound = copy_bound_s(problem, dec)
         for pf in [self.options.prefetch] + (["late"] if self.options.prefetch != "late" else []):
             def build(pf=pf) -> BaselinePlan:
                 sched, sim = _evaluate(problem, dec, windows, prefetch=pf)
                 return BaselinePlan(sched, sim, f"swap {len(dec)} storages, prefetch={pf!r}",
                                     {"swapped_storages": len(dec), "prefetch": pf})
-            yield BaselineCandidate(build)
+            yield BaselineCandidate(build, bound)
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.plans(problem), budget_bytes, self.name,

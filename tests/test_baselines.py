@@ -336,6 +336,27 @@ def test_candidates_bound_the_simulated_added_time_and_are_the_plans(name):
     assert recompute_bound_s(p, {}) == 0.0
 
 
+def test_swap_all_copy_bound_holds_and_is_tight_where_copies_dominate():
+    """``copy_bound_s`` (the device-to-host queue's busy time from the first swapped producer on, less the
+    compute time) is at most swap-all's simulated added time at every link speed, 0 where the copies hide
+    behind compute, and at least the copy time less the compute time where copying takes 20x the compute
+    (every saved storage is copied out once, one copy after another)."""
+    from libra_opt.solvers.baselines import copy_bound_s
+    for p in _bound_problems():
+        total = sum(int(p.tensors[s].nbytes) for s in default_windows(p))
+        for ratio in (0.01, 1.0, 20.0):   # copying every saved storage once takes ratio x the compute time
+            bw = total / (ratio * p.total_compute_s)
+            q = p.with_device(d2h_bytes_per_s=bw, h2d_bytes_per_s=bw)
+            for c in solver_class("swap-all")().candidates(q):
+                added = c.plan().simulation.added_s
+                assert c.added_s_bound <= added * (1 + 1e-9) + 1e-12
+                if ratio == 0.01:
+                    assert c.added_s_bound == 0.0
+                if ratio == 20.0:
+                    assert c.added_s_bound >= (ratio - 1) * q.total_compute_s * (1 - 1e-9)
+            assert copy_bound_s(q, {s: Policy.RECOMPUTE for s in default_windows(q)}) == 0.0
+
+
 def test_libra_pool_builds_only_plans_that_can_win():
     """``libra``'s baseline pool with ``below`` returns the same cheapest plan as without it wherever that
     plan is cheaper than ``below``, and builds no plan whose bound is above ``below``."""

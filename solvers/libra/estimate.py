@@ -286,7 +286,15 @@ class Timeline:
             dCq = {q: (rec_delta if a < q < b else 0) for q in chains}
         raised_max, raised_at = NEG, -1
         if len(up) and chains:
-            up = up[~np.isin(up, np.fromiter(chains, dtype=np.int64))]
+            # the chain points are priced below: dropped from ``up`` (ascending) by binary search, where
+            # np.isin sorted all of ``up`` (the whole timeline where the swap layer moved)
+            qs = np.fromiter(chains, dtype=np.int64, count=len(chains))
+            k = np.searchsorted(up, qs)
+            inside = k < len(up)
+            k = k[inside]
+            k = k[up[k] == qs[inside]]
+            if len(k):
+                up = np.delete(up, k)
         if len(up):
             vals = C[up] + (dC[up] if dC is not None else rec_delta)
             mm = np.maximum(vals, vals + regen_off[up] + H[up])

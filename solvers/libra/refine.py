@@ -115,6 +115,7 @@ class Refiner:
         if not self.allow_wait:
             cost[:, _O_WAIT] = np.inf
         self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
+        self._step_mem: np.ndarray | None = None   # the memory (Timeline.memory) at the step being selected
         self.bat = np.full((tl.windows.nw, 4), -1, dtype=np.int64)
         self.bmem = np.zeros((tl.windows.nw, 4), dtype=np.int64)
         # the peak position each was found at: a delayed or waiting swap's effect depends on it, so its
@@ -228,6 +229,7 @@ class Refiner:
         if not len(idx):
             return None
         costs = self.costs
+        self._step_mem = mem   # the memory at this step: _evaluate's (the timeline is the same throughout)
         c = costs.cost[idx]
         bat = np.where(self._bat_known(idx, p), self.bat[idx], -1)
         c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
@@ -267,7 +269,7 @@ class Refiner:
         apply at peak position ``p``: all but those of the delayed and the
         waiting swaps found at another position."""
         known = np.ones((len(idx), 4), dtype=bool)
-        known[:, [_O_LATE, _O_WAIT]] = self.bat_p[idx][:, [_O_LATE, _O_WAIT]] == p
+        known[:, _O_LATE:_O_WAIT + 1] = self.bat_p[idx, _O_LATE:_O_WAIT + 1] == p
         return known
 
     def _release_bound(self, tl: Timeline, idx: np.ndarray) -> np.ndarray:
@@ -343,12 +345,14 @@ class Refiner:
                 todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.state.floor[j]) if cur == SWAP else 0)))
         if descent and limit is not None and todo:
             # as in _select: an option known to raise a point to the peak stays out while it still would
-            mem = tl.memory()
-            bat = np.where(self._bat_known(np.array([j]), p)[0], self.bat[j], -1)
+            mem = self._step_mem
+            bat, bat_p = self.bat[j].tolist(), self.bat_p[j].tolist()
+            for col in (_O_LATE, _O_WAIT):   # _bat_known of one window
+                if bat_p[col] != p:
+                    bat[col] = -1
             todo = [x for x in todo if bat[x.col] < 0 or int(mem[bat[x.col]]) + int(self.bmem[j, x.col]) < peak]
         opts: list[_Tried] = []
         ok: list[_Option] = []
-        mem = None
         while todo:
             todo.sort(key=lambda x: (x.cached, x.col))
             cached, col, pol, fl = todo.pop(0)
@@ -378,10 +382,10 @@ class Refiner:
             if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and descent:
                 if pol == REC and cur == KEEP and self.opts.early:
                     self._try_early(tl, j, p, m_p, limit, ok)
-                mem = tl.memory() if mem is None else mem
+                # the step's memory: the variants tried above put the timeline back as it was
                 self.bat[j, col] = e.raised_at
                 self.bat_p[j, col] = p
-                self.bmem[j, col] = max(int(e.raised_max - mem[e.raised_at]), 0)
+                self.bmem[j, col] = max(int(e.raised_max - self._step_mem[e.raised_at]), 0)
             if col == _O_HID and newp >= m_p and p < b:
                 k = np.flatnonzero(e.swap.ids == j)
                 if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
@@ -552,7 +556,7 @@ class Refiner:
         s, b = int(tl.windows.w_s[j]), int(tl.state.w_b[j])
         if b - p < 2:
             return
-        q = p + 1 + int(np.argmin(tl.memory()[p + 1:b]))
+        q = p + 1 + int(np.argmin(self._step_mem[p + 1:b]))
         first = tl.tensors_read_at(s, b)
         e2, newp = self._ending_at(tl, j, q, first, p)
         if newp is not None and newp < m_p and e2.raised_max < limit:

@@ -115,7 +115,6 @@ class Refiner:
         if not self.allow_wait:
             cost[:, _O_WAIT] = np.inf
         self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
-        self._step_mem: np.ndarray | None = None   # the memory (Timeline.memory) at the step being selected
         self.bat = np.full((tl.windows.nw, 4), -1, dtype=np.int64)
         self.bmem = np.zeros((tl.windows.nw, 4), dtype=np.int64)
         # the peak position each was found at: a delayed or waiting swap's effect depends on it, so its
@@ -229,7 +228,6 @@ class Refiner:
         if not len(idx):
             return None
         costs = self.costs
-        self._step_mem = mem   # the memory at this step: _evaluate's (the timeline is the same throughout)
         c = costs.cost[idx]
         bat = np.where(self._bat_known(idx, p), self.bat[idx], -1)
         c[(bat >= 0) & (mem[np.maximum(bat, 0)] + self.bmem[idx] >= peak)] = np.inf
@@ -255,7 +253,7 @@ class Refiner:
                 return fresh_best
             self.eval_step[j] = self.step
             evals += 1
-            mv = self._evaluate(tl, j, p, peak, peak, costs, True)
+            mv = self._evaluate(tl, j, p, peak, peak, costs, True, mem)
             if mv is None:
                 local[k] = -np.inf
             else:
@@ -302,7 +300,7 @@ class Refiner:
         return self._evaluate(tl, j, p, peak, limit, costs, False)
 
     def _evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None, costs: OptionCosts,
-                  descent: bool) -> Move | None:
+                  descent: bool, mem: np.ndarray | None = None) -> Move | None:
         """Best admissible option for window ``j`` at peak position ``p``: every
         raised point stays under ``limit`` (``None``: no such condition) and
         position ``p`` goes down.  Options: recompute; swap with the swap-in
@@ -315,7 +313,9 @@ class Refiner:
         ``descent``: ``tl`` is the descent's own timeline, in its selection
         step: the caches (``costs`` must then be the descent's own) learn the
         evaluated costs and the points they raise, and an early regeneration
-        is tried; otherwise nothing of the descent changes."""
+        is tried; otherwise nothing of the descent changes.  ``mem``: ``tl.memory()``
+        where the caller has it (the selection step's: each evaluation computed
+        it again, O(N)); computed where needed otherwise."""
         self.evals += 1
         ocost = costs.cost   # (windows, 4) s
         s = int(tl.windows.w_s[j])
@@ -345,7 +345,7 @@ class Refiner:
                 todo.append(_Todo(ocost[j, _O_WAIT], _O_WAIT, SWAP, max(p, int(tl.state.floor[j]) if cur == SWAP else 0)))
         if descent and limit is not None and todo:
             # as in _select: an option known to raise a point to the peak stays out while it still would
-            mem = self._step_mem
+            mem = tl.memory() if mem is None else mem
             bat, bat_p = self.bat[j].tolist(), self.bat_p[j].tolist()
             for col in (_O_LATE, _O_WAIT):   # _bat_known of one window
                 if bat_p[col] != p:
@@ -380,12 +380,13 @@ class Refiner:
             if pol == REC and cur == KEEP and e.feasible and self.opts.retain and self.opts.retain_inputs:
                 self._try_retain(tl, j, e, p, m_p, limit, ok)
             if limit is not None and e.raised_max >= limit and e.raised_at >= 0 and descent:
+                # the variants tried above put the timeline back as it was: ``mem`` holds
+                mem = tl.memory() if mem is None else mem
                 if pol == REC and cur == KEEP and self.opts.early:
-                    self._try_early(tl, j, p, m_p, limit, ok)
-                # the step's memory: the variants tried above put the timeline back as it was
+                    self._try_early(tl, j, p, m_p, limit, ok, mem)
                 self.bat[j, col] = e.raised_at
                 self.bat_p[j, col] = p
-                self.bmem[j, col] = max(int(e.raised_max - self._step_mem[e.raised_at]), 0)
+                self.bmem[j, col] = max(int(e.raised_max - mem[e.raised_at]), 0)
             if col == _O_HID and newp >= m_p and p < b:
                 k = np.flatnonzero(e.swap.ids == j)
                 if len(k) and int(e.swap.prefetch[k[0]]) < p:   # back too early: delay it past p
@@ -547,16 +548,17 @@ class Refiner:
                 tl.retain(t, None, replay=False)
             tl.restore_chains(journal)
 
-    def _try_early(self, tl: Timeline, j: int, p: int, m_p: int, limit: int, ok: list) -> None:
+    def _try_early(self, tl: Timeline, j: int, p: int, m_p: int, limit: int, ok: list, mem: np.ndarray) -> None:
         """Recomputation variant of window ``j`` for when recomputing at the use
         raises a new peak: regenerate the storage earlier, before the node
         between the peak ``p`` and the use where memory is lowest, and keep it
         from there (early regeneration, like a prefetch; Checkmate's R may
-        recompute a value at any stage before it is needed)."""
+        recompute a value at any stage before it is needed).  ``mem``:
+        ``tl.memory()``."""
         s, b = int(tl.windows.w_s[j]), int(tl.state.w_b[j])
         if b - p < 2:
             return
-        q = p + 1 + int(np.argmin(self._step_mem[p + 1:b]))
+        q = p + 1 + int(np.argmin(mem[p + 1:b]))
         first = tl.tensors_read_at(s, b)
         e2, newp = self._ending_at(tl, j, q, first, p)
         if newp is not None and newp < m_p and e2.raised_max < limit:

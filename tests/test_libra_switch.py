@@ -116,3 +116,62 @@ def test_switch_option_is_hybrid_only():
     rec = solve(p, 0.8, "libra", policy="recompute")
     assert rec.schedule.counts()["swap_out"] == 0
     assert not any(d["reason"] == REASON_POLICY_SWITCH for d in rec.extras["decisions"])
+
+
+def test_a_switch_over_the_budget_after_the_refresh_is_not_taken():
+    """Switches are applied in place to the plan's private copy; one whose swap-layer refresh puts the
+    peak over the budget is undone by rebuilding the plan from the switches taken before it. The plan
+    that comes out equals the one where that switch was never proposed (its score refused), and the
+    input plan is unchanged."""
+    from libra_opt.solvers.libra import switch as switch_mod
+    from libra_opt.solvers.libra.estimate import Timeline
+
+    p = _with_copies(G.large_beside_small_graph(30, seed=0), 4.0)
+    budget = int(0.8 * no_remat_peak(p))
+    ref = next(r for r in libra_solver.LibraSolver()._refiners(p) if r.opts.policy == "recompute")
+    snap = ref.descend([budget])[budget]
+    tl, records, _ = ref.prepare(snap, budget)
+    pol, est = tl.state.pol.copy(), tl.added_s()
+
+    applied = []
+    real_apply = Timeline.apply
+
+    def recording_apply(self, j, policy, eff=None, refresh=True):
+        applied.append((j, policy))
+        return real_apply(self, j, policy, eff, refresh)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Timeline, "apply", recording_apply)
+        _, _, taken = switch_policies(ref, tl, records, budget)
+    swaps = [j for j, policy in applied if policy == SWAP]
+    assert taken >= 2 and len(swaps) >= 2
+    target = swaps[-1]   # a switch taken after others: undoing it replays them
+
+    real_score = switch_mod._score
+
+    def refused(t, j, policy, b):
+        return None if (j, policy) == (target, SWAP) else real_score(t, j, policy, b)
+
+    rejected = []
+
+    def over_budget_apply(self, j, policy, eff=None, refresh=True):
+        out = real_apply(self, j, policy, eff, refresh)
+        if (j, policy) == (target, SWAP):
+            self.state.C[0] += budget   # its refresh put the peak over the budget
+            rejected.append(j)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(switch_mod, "_score", refused)
+        want_tl, want_records, want_taken = switch_policies(ref, tl, records, budget)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Timeline, "apply", over_budget_apply)
+        got_tl, got_records, got_taken = switch_policies(ref, tl, records, budget)
+    assert rejected   # the undo path ran
+    assert got_taken == want_taken
+    assert (got_tl.state.pol == want_tl.state.pol).all() and got_tl.state.pol[target] != SWAP
+    assert (got_tl.state.C == want_tl.state.C).all()
+    assert got_tl.added_s() == want_tl.added_s()
+    assert {j: d.policy for j, d in got_records.items()} == {j: d.policy for j, d in want_records.items()}
+    assert int(got_tl.memory().max()) <= budget
+    assert (tl.state.pol == pol).all() and tl.added_s() == est   # the input plan is unchanged

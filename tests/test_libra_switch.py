@@ -175,3 +175,32 @@ def test_a_switch_over_the_budget_after_the_refresh_is_not_taken():
     assert {j: d.policy for j, d in got_records.items()} == {j: d.policy for j, d in want_records.items()}
     assert int(got_tl.memory().max()) <= budget
     assert (tl.state.pol == pol).all() and tl.added_s() == est   # the input plan is unchanged
+
+
+def test_evaluate_stops_above_a_limit_only_where_the_full_effect_is_above_it():
+    """``Timeline.evaluate(..., stop_above=L)`` (the switch pass's refusal before the chains are replayed)
+    returns early only where the full evaluation raises a point above ``L``, with a raised point no higher
+    than the full one's; elsewhere it returns the full effect. Every switch candidate of a prepared plan,
+    both directions, at limits below, at and above the plan's peak."""
+    p = _with_copies(G.large_beside_small_graph(30, seed=0), 4.0)
+    budget = int(0.8 * no_remat_peak(p))
+    ref = next(r for r in libra_solver.LibraSolver()._refiners(p) if r.opts.policy == "recompute")
+    snap = ref.descend([budget])[budget]
+    tl, records, _ = ref.prepare(snap, budget)
+    tl2, _, taken = switch_policies(ref, tl, records, budget)   # a plan with swaps and recomputations
+    assert taken > 0
+    peak = int(tl2.memory().max())
+    stopped = full_above = 0
+    for j in records:
+        policy = REC if tl2.state.pol[j] == SWAP else SWAP
+        full = tl2.evaluate(j, policy, floor=0)
+        for limit in (peak // 2, peak, budget, 2 * peak):
+            eff = tl2.evaluate(j, policy, floor=0, stop_above=limit)
+            full_above += full.raised_max > limit
+            if eff.cost_s == float("inf"):   # stopped early
+                stopped += 1
+                assert limit < eff.raised_max <= full.raised_max and eff.chains == {}
+            else:
+                assert eff.cost_s == full.cost_s and eff.raised_max == full.raised_max
+                assert eff.raised_at == full.raised_at and eff.chains == full.chains
+    assert stopped > 0 and full_above >= stopped

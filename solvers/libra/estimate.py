@@ -57,6 +57,7 @@ incremental re-simulation of the greedy refinement; the lowering rules of
 from __future__ import annotations
 
 from contextlib import contextmanager
+import math
 
 import numpy as np
 
@@ -214,12 +215,18 @@ class Timeline:
             self._set_chain(q, chain_at(self.tables, self.windows, self.state, q))
 
     # ------------------------------------------------------------- evaluation
-    def evaluate(self, j: int, policy: int, floor: int = 0, wait: int | None = None) -> Effect:
+    def evaluate(self, j: int, policy: int, floor: int = 0, wait: int | None = None,
+                 stop_above: int | None = None) -> Effect:
         """Effect of setting window ``j`` to ``policy`` (``KEEP`` undoes it),
         without changing the model.  ``floor``: for a swap, issue its swap-in no
         earlier than after this position (0: where it hides behind compute).
         ``wait``: for a swap, wait for its copy out before this position (-1:
-        no wait; ``None``: as it is now)."""
+        no wait; ``None``: as it is now).  ``stop_above`` (bytes): where a
+        point off the changed chains already rises above it, the effect is
+        returned before the chains are replayed, with that point as
+        ``raised_max`` (above ``stop_above``: at most the true one's), no
+        chains and ``cost_s`` infinite: for a caller that refuses such a
+        change whatever it costs (the policy switches)."""
         pt, wt, st = self.tables, self.windows, self.state
         old = int(st.pol[j])
         if policy != SWAP:
@@ -250,6 +257,42 @@ class Timeline:
                 self._add_crossed(pts, k, was, now)   # chains reading swaps whose prefetch moved past them
             if policy == SWAP:
                 hyp_pos[j] = int(new_swap.prefetch[np.searchsorted(new_swap.ids, j)])
+        # change of the compute points, positive where memory rises
+        rec_delta = 0
+        if old == REC and policy != REC:
+            rec_delta = nbytes
+        elif policy == REC and old != REC:
+            rec_delta = -nbytes
+        C, regen_off = st.C, st.regen_off
+        H_old = swap.held
+        H = H_old
+        if new_swap is not None:
+            dC = swap.removal - new_swap.removal
+            if rec_delta:
+                dC[a + 1:b] += rec_delta
+            H = new_swap.held
+            up = np.flatnonzero((dC > 0) | (H > H_old))
+        else:
+            up = np.arange(a + 1, b) if rec_delta > 0 else np.zeros(0, dtype=np.int64)
+            dC = None
+        # the points off the changed chains (priced with their chains below): the chain points are dropped
+        # from ``up`` (ascending) by binary search, where np.isin sorted all of ``up``
+        raised_max, raised_at = NEG, -1
+        if len(up) and pts:
+            qs = np.fromiter(pts, dtype=np.int64, count=len(pts))
+            k = np.searchsorted(up, qs)
+            inside = k < len(up)
+            k = k[inside]
+            k = k[up[k] == qs[inside]]
+            if len(k):
+                up = np.delete(up, k)
+        if len(up):
+            vals = C[up] + (dC[up] if dC is not None else rec_delta)
+            mm = np.maximum(vals, vals + regen_off[up] + H[up])
+            k = int(np.argmax(mm))
+            raised_max, raised_at = int(mm[k]), int(up[k])
+        if stop_above is not None and raised_max > stop_above:
+            return Effect(math.inf, {}, new_swap, raised_max, raised_at, True, floor if policy == SWAP else 0, wait)
         st.hyp = Hypothesis(j, policy, s, hyp_pos)
         try:
             chains = {q: chain_at(pt, wt, st, q) for q in sorted(pts)}
@@ -263,43 +306,11 @@ class Timeline:
             cost += (ch.time_s if ch else 0.0) - (old_ch.time_s if old_ch else 0.0)
             if ch is not None and not ch.feasible:
                 feasible = False
-        # change of the compute points, positive where memory rises
-        rec_delta = 0
-        if old == REC and policy != REC:
-            rec_delta = nbytes
-        elif policy == REC and old != REC:
-            rec_delta = -nbytes
-        C, regen_off = st.C, st.regen_off
-        H_old = swap.held
-        H = H_old
         if new_swap is not None:
             cost += new_swap.total_stall_s - swap.total_stall_s
-            dC = swap.removal - new_swap.removal
-            if rec_delta:
-                dC[a + 1:b] += rec_delta
-            H = new_swap.held
-            up = np.flatnonzero((dC > 0) | (H > H_old))
             dCq = {q: int(dC[q]) for q in chains}
         else:
-            up = np.arange(a + 1, b) if rec_delta > 0 else np.zeros(0, dtype=np.int64)
-            dC = None
             dCq = {q: (rec_delta if a < q < b else 0) for q in chains}
-        raised_max, raised_at = NEG, -1
-        if len(up) and chains:
-            # the chain points are priced below: dropped from ``up`` (ascending) by binary search, where
-            # np.isin sorted all of ``up`` (the whole timeline where the swap layer moved)
-            qs = np.fromiter(chains, dtype=np.int64, count=len(chains))
-            k = np.searchsorted(up, qs)
-            inside = k < len(up)
-            k = k[inside]
-            k = k[up[k] == qs[inside]]
-            if len(k):
-                up = np.delete(up, k)
-        if len(up):
-            vals = C[up] + (dC[up] if dC is not None else rec_delta)
-            mm = np.maximum(vals, vals + regen_off[up] + H[up])
-            k = int(np.argmax(mm))
-            raised_max, raised_at = int(mm[k]), int(up[k])
         newws = pt.newws
         for q, ch in chains.items():
             cq = int(C[q]) + dCq[q]

@@ -245,7 +245,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         fl = np.where(ids == floor[0], floor[1], fl)
     pos = np.maximum(pos, fl)   # a prefetch delayed on purpose to cover a later peak
     pos = np.maximum(pos, wt_ - 1)   # a swap-in is issued after the wait for the copy out
-    pos = np.clip(pos, a + 1, b - 1)
+    pos = np.minimum(np.maximum(pos, a + 1), b - 1)   # np.clip, without its wrapper's overhead
     # replay the host-to-device queue forwards in issue order; a stall delays everything after it
     stall = np.zeros(len(ids))
     wq = st.wait_q[ids]

@@ -139,7 +139,9 @@ def _score(tl: Timeline, j: int, policy: int, budget: int):
     """The effect of moving window ``j`` to ``policy`` (a swap's swap-in where
     it hides behind compute) where it lowers the estimated added time and
     keeps every raised point within ``budget``; else ``None``."""
-    eff = tl.evaluate(j, policy, floor=0) if policy == SWAP else tl.evaluate(j, policy)
+    # stop_above: a change that raises a point over the budget is refused before its chains are replayed
+    eff = tl.evaluate(j, policy, floor=0, stop_above=budget) if policy == SWAP else tl.evaluate(
+        j, policy, stop_above=budget)
     if not eff.feasible or eff.raised_max > budget or not eff.cost_s < -MIN_GAIN * max(tl.added_s(), 1e-30):
         return None
     return eff

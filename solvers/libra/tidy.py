@@ -53,7 +53,7 @@ def undo_pass(tl: Timeline, records: dict, budget: int) -> int:
             lo, hi = int(tl.state.sw_r0[j]), int(tl.state.sw_pos[j])
         if lo <= hi and int(mem[lo:hi + 1].max()) + int(tl.windows.w_bytes[j]) > budget:
             continue
-        eff = tl.evaluate(j, KEEP)
+        eff = tl.evaluate(j, KEEP, stop_above=budget)   # over the budget: refused before its chains are replayed
         if eff.feasible and eff.raised_max <= budget:
             tl.apply(j, KEEP, eff)
             del records[j]

@@ -226,7 +226,8 @@ class Timeline:
         returned before the chains are replayed, with that point as
         ``raised_max`` (above ``stop_above``: at most the true one's), no
         chains and ``cost_s`` infinite: for a caller that refuses such a
-        change whatever it costs (the policy switches)."""
+        change whatever it costs (the policy switches, the undo pass).  The
+        model is not changed either way."""
         pt, wt, st = self.tables, self.windows, self.state
         old = int(st.pol[j])
         if policy != SWAP:

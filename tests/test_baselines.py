@@ -336,7 +336,7 @@ def test_candidates_bound_the_simulated_added_time_and_are_the_plans(name):
     assert recompute_bound_s(p, {}) == 0.0
 
 
-def test_swap_all_copy_bound_holds_and_is_tight_where_copies_dominate():
+def test_swap_all_copy_bound_holds_and_counts_every_copy_where_copies_dominate():
     """``copy_bound_s`` (the device-to-host queue's busy time from the first swapped producer on, less the
     compute time) is at most swap-all's simulated added time at every link speed, 0 where the copies hide
     behind compute, and at least the copy time less the compute time where copying takes 20x the compute

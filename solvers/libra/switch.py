@@ -75,8 +75,12 @@ class _Switched:
     """The plan as the switches taken so far left it."""
     tl: Timeline       # the switched timeline: the prepared one until a switch is taken, then a private copy
     records: dict      # window id -> Decision
-    taken: int = 0     # switches taken (a plan with as many is the same plan: scores keyed by it stay valid)
     moves: list = field(default_factory=list)   # (window, policy, effect) of each switch taken, in order
+
+    @property
+    def taken(self) -> int:
+        """Switches taken (a plan with as many is the same plan: scores keyed by it stay valid)."""
+        return len(self.moves)
 
 
 def _replayed(tl: Timeline, moves: list) -> Timeline:
@@ -206,7 +210,6 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
         _record(state.records, j, policy, eff, before - new.added_s())
         state.moves.append((j, policy, eff))
         switched.add(j)
-        state.taken += 1
 
     for _ in range(MAX_ROUNDS):
         taken = state.taken

@@ -216,3 +216,75 @@ def test_budget_at_the_end_of_a_descent_plans():
             assert_fits(p, r)
         else:
             assert get_solver("libra").solve(p, r.min_feasible_bytes).success
+
+
+def _state(snap):
+    """What a snapshot holds that a plan is made from: decisions, window ends, swap floors and
+    waits, retentions, records and the option-cost caches."""
+    tl = snap.timeline
+    return (snap.step, snap.peak_bytes, tl.state.pol.tobytes(), tl.state.w_b.tobytes(), tl.state.floor.tobytes(),
+            tl.state.wait.tobytes(), sorted(tl.state.t_until.items()), sorted(snap.records),
+            snap.caches.cost.tobytes(), snap.caches.hid_lo.tobytes(), snap.caches.hid_hi.tobytes())
+
+
+@pytest.mark.parametrize("policy", ["hybrid", "recompute", "swap"])
+def test_a_rewound_descent_takes_the_snapshots_of_a_new_one(policy):
+    """``Refiner.rewind``: a descent run to its end with checkpoints (thinned, the interval doubled
+    when full), rewound to a budget, takes at every budget up to it the same snapshots as a new
+    descent; and a descent that kept no checkpoints is not rewound."""
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p = slow_layered(120, 0)
+    peak = no_remat_peak(p)
+    budgets = [int(f * peak) for f in (0.8, 0.7, 0.6, 0.55, 0.5)]
+    solver = LibraSolver(policy=policy)
+    ran = solver._refiners(p)
+    ran = [ref for ref in ran if type(ref) is Refiner]   # the plain descents (LibraSolver._rewindable)
+    for ref in ran:
+        ref.checkpoint_every, ref.MAX_CHECKPOINTS = 2, 4
+        ref.descend([], to_end=True)
+        assert ref.done and len(ref._checkpoints) <= 4
+    compared = 0
+    for top in (budgets[0], budgets[2]):
+        asked = [b for b in budgets if b <= top]
+        for ref, new in zip(ran, [r for r in solver._refiners(p) if type(r) is Refiner]):
+            assert ref.rewind(top)
+            got, want = ref.descend(asked), new.descend(asked)
+            assert sorted(got) == sorted(want), (policy, top)
+            assert all(_state(got[b]) == _state(want[b]) for b in want)
+            compared += len(want)
+    assert compared >= 2
+    plain = solver._refiners(p)[0]
+    plain.descend(budgets[:1])
+    assert plain.step > 0 and not plain.rewind(budgets[0])
+
+
+@pytest.mark.parametrize("make", [lambda: random_layered_graph(100, seed=0), lambda: slow_layered(120, 0)])
+def test_the_tightening_on_rewound_descents_states_what_new_descents_state(make, monkeypatch):
+    """The stated minimum of an infeasible budget (recompute-only, just over the memory floor) is
+    searched for on the descents the solve ran, rewound (``LibraSolver._first_planned``), and is
+    the one new descents find; the rounds build no new plain descent."""
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p, policy = make(), "recompute"
+    budget = int(1.02 * memory_lower_bound(p))
+    built = []
+    init = Refiner.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        built.append(type(self))
+
+    monkeypatch.setattr(Refiner, "__init__", spy)
+    with pytest.raises(InfeasibleBudgetError) as rewound:
+        get_solver("libra", policy=policy).solve(p, budget)
+    rewound_plain = built.count(Refiner)
+    monkeypatch.setattr(LibraSolver, "CHECKPOINT_MAX_NODES", 0)
+    built.clear()
+    with pytest.raises(InfeasibleBudgetError) as fresh:
+        get_solver("libra", policy=policy).solve(p, budget)
+    assert rewound.value.min_feasible_bytes == fresh.value.min_feasible_bytes
+    assert built.count(Refiner) > rewound_plain   # the new descents of each round
+    assert_fits(p, get_solver("libra", policy=policy).solve(p, rewound.value.min_feasible_bytes))

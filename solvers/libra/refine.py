@@ -67,6 +67,19 @@ class _Option(NamedTuple):
     also: Merge | RetainInputs | None = None
 
 
+class _Checkpoint(NamedTuple):
+    """What :meth:`Refiner.rewind` restores a descent from: its snapshot at
+    a step (timeline, records, option-cost caches, counters) and the caches
+    of refused options' raised points (``bat``, ``bat_p``, ``bmem``), which
+    order its later selections; the other caches of a selection are
+    rewritten at each step before they are read."""
+    snap: Snapshot
+    bat: np.ndarray
+    bat_p: np.ndarray
+    bmem: np.ndarray
+    used_early: bool
+
+
 class Refiner:
     """One greedy descent over one problem and policy; resumable, with
     snapshots (Libra, Wang NTHU 2024: greedy refinement from the profiled
@@ -139,6 +152,15 @@ class Refiner:
         self._final: Snapshot | None = None
         self.undo_memo: dict = {}   # (id(snapshot), budget) -> the undo pass's result (finish.Finisher._undone)
         self._final_peak: int | None = None
+        # checkpoints for rewind(): one every ``checkpoint_every`` steps (None: none are kept), at most
+        # MAX_CHECKPOINTS (thinned by half, the interval doubled, when full); the estimated peak before
+        # each step taken (index: step)
+        self.checkpoint_every: int | None = None
+        self._checkpoints: list[_Checkpoint] = []
+        self._peaks: list[int] = []
+
+    #: checkpoints a descent keeps at most (their memory: a timeline copy each)
+    MAX_CHECKPOINTS = 32
 
     # ------------------------------------------------------------ descent
     def descend(self, budgets: Sequence[int], to_end: bool = False) -> dict[int, Snapshot]:
@@ -173,6 +195,10 @@ class Refiner:
             m = tl.memory()
             p = int(np.argmax(m))
             peak = int(m[p])
+            if self.checkpoint_every is not None and self.step == len(self._peaks):   # a step not seen before
+                self._peaks.append(peak)
+                if self.step % self.checkpoint_every == 0:
+                    self._checkpoint(peak)
             while pending and peak <= pending[0]:
                 out[pending.pop(0)] = self._snapshot(peak)
             if (not pending and not to_end) or self.done:
@@ -188,6 +214,52 @@ class Refiner:
                 break
             self._commit(move, p, peak)
         return out
+
+    def _checkpoint(self, peak: int) -> None:
+        """Keep the state now (estimated peak ``peak``, bytes) for :meth:`rewind`;
+        where :attr:`MAX_CHECKPOINTS` are kept, every other one is dropped
+        and the interval doubles."""
+        cps = self._checkpoints
+        if len(cps) >= self.MAX_CHECKPOINTS:
+            self.checkpoint_every *= 2
+            cps[:] = [c for c in cps if c.snap.step % self.checkpoint_every == 0]
+        if self.step % self.checkpoint_every == 0:
+            cps.append(_Checkpoint(self._snapshot(peak), self.bat.copy(), self.bat_p.copy(), self.bmem.copy(),
+                                   self.used_early))
+
+    def rewind(self, budget: int) -> bool:
+        """Put the descent back at its last checkpoint before the step at
+        which its estimated peak first got to ``budget`` (bytes) or under it
+        (its last checkpoint where it never did), so that :meth:`descend`
+        for budgets up to ``budget`` takes exactly the snapshots a fresh
+        descent takes: a descent's moves do not depend on the budgets it is
+        asked for (they only say where it snapshots and stops), and a
+        checkpoint holds every part of its state that later steps read.
+        The stated minimum of an infeasible budget is searched for this way
+        on the descents the solve ran (``LibraSolver._first_planned``),
+        rather than on new ones.  Its end (:meth:`final`, a state every
+        rewound descent reaches again) is kept.
+
+        Returns ``False`` (nothing changed) where the descent has taken
+        steps without keeping checkpoints (:attr:`checkpoint_every` was
+        ``None``); ``True`` otherwise, a descent that has taken no step
+        included."""
+        if self.step == 0:
+            return True
+        if not self._checkpoints:
+            return False
+        first = next((k for k, pk in enumerate(self._peaks) if pk <= budget), len(self._peaks) - 1)
+        cp = max((c for c in self._checkpoints if c.snap.step <= first), key=lambda c: c.snap.step, default=None)
+        if cp is None:
+            return False
+        snap = cp.snap
+        self.tl = snap.timeline.copy()
+        self.records = dict(snap.records)
+        self.costs = snap.caches.copy()
+        self.step, self.evals, self.cut_short, self.done = snap.step, snap.evals, snap.cut_short, False
+        self.bat, self.bat_p, self.bmem, self.used_early = cp.bat.copy(), cp.bat_p.copy(), cp.bmem.copy(), cp.used_early
+        self.eval_step[:] = -1   # (all before the checkpoint's step there: a selection's cache is its step's only)
+        return True
 
     def final(self) -> Snapshot:
         """The state at the end of the descent (the lowest peak it reaches)."""

@@ -698,10 +698,26 @@ class LibraSolver(Solver):
         below = self._below_floor(problem, budget_bytes, pool)
         if below is not None:
             raise self._tightened(problem, below, pool)
+        refs = self._rewindable(problem, self._refiners(problem))
         try:
-            return self._solve_at(problem, budget_bytes, pool)
+            return self._solve_at(problem, budget_bytes, pool, refs)
         except InfeasibleBudgetError as e:
-            raise self._tightened(problem, e, pool) from None
+            raise self._tightened(problem, e, pool, refs) from None
+
+    def _rewindable(self, problem: RematProblem, refs: list[Refiner]) -> list[Refiner]:
+        """``refs`` with checkpoints kept (``Refiner.checkpoint_every``: every
+        :attr:`CHECKPOINT_EVERY` steps at first), so that the tightening of an
+        infeasible budget's stated minimum rewinds them
+        (``Refiner.rewind``) rather than running new descents: the plain
+        descents, on problems of at most :attr:`CHECKPOINT_MAX_NODES` nodes
+        (a checkpoint is a copy of the timeline), where the tightening runs
+        (no ``max_steps`` or ``time_limit_s``)."""
+        o = self.options
+        if o.max_steps is None and o.time_limit_s is None and problem.num_nodes <= self.CHECKPOINT_MAX_NODES:
+            for ref in refs:
+                if type(ref) is Refiner:
+                    ref.checkpoint_every = self.CHECKPOINT_EVERY
+        return refs
 
     def _under_floor(self, problem: RematProblem, budget: int) -> bool:
         """``budget`` (bytes) is under the memory floor and the descents are
@@ -731,9 +747,12 @@ class LibraSolver(Solver):
                         or least)
         return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
-    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None) -> RawSolution:
-        """One solve (descents, fallbacks, finish) sharing the baselines' ``pool``."""
-        refs = self._refiners(problem)
+    def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None,
+                  refs: list[Refiner] | None = None) -> RawSolution:
+        """One solve (descents, fallbacks, finish) sharing the baselines'
+        ``pool``; ``refs``: the descents to run (new ones of
+        :meth:`_refiners` where ``None``)."""
+        refs = self._refiners(problem) if refs is None else refs
         free: dict = {}
         snaps = self._descend_all(refs, [budget_bytes], free=free)
         if budget_bytes in free:
@@ -794,10 +813,15 @@ class LibraSolver(Solver):
     TIGHTEN_GRID_MAX = 48
     #: a stated minimum ``m`` is tight when 0.99 ``m`` is at or under a budget found infeasible
     TIGHTEN_REL = 0.01
+    #: a solve's plain descents keep a checkpoint every this many steps at first (``Refiner.rewind``: the
+    #: tightening of an infeasible budget rewinds them rather than running new ones), on problems of at
+    #: most ``CHECKPOINT_MAX_NODES`` nodes
+    CHECKPOINT_EVERY = 8
+    CHECKPOINT_MAX_NODES = 1000
     _tight_detail = "the smallest budget it plans, verified"
 
-    def _first_planned(self, problem: RematProblem, budgets: list[int],
-                       pool: _BaselinePool | None) -> tuple[int | None, int | None]:
+    def _first_planned(self, problem: RematProblem, budgets: list[int], pool: _BaselinePool | None,
+                       ran: list[Refiner] | None = None) -> tuple[int | None, int | None]:
         """The smallest of ``budgets`` found met, by bisection, from one set
         of descents recording all of them (as :meth:`solve_many`; equal to
         single solves), and the highest budget tried and found not met below
@@ -813,8 +837,12 @@ class LibraSolver(Solver):
         instead: met too, and lower.  The descents are a solve's (the
         ``merge`` one included: left out, budgets a solve meets were found
         not met, and on random layered graphs the stated minimum was up to
-        11% above one a solve meets)."""
-        refs = self._refiners(problem)
+        11% above one a solve meets).  ``ran``: the descents the solve ran
+        (:meth:`_refiners`' own), rewound to where they first got under the
+        largest budget (``Refiner.rewind``: the same snapshots as new
+        descents, without the steps above it); new ones where any cannot
+        be."""
+        refs = ran if ran is not None and all(ref.rewind(max(budgets)) for ref in ran) else self._refiners(problem)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
         refs, snaps = refs + more, snaps + more_snaps
@@ -835,8 +863,8 @@ class LibraSolver(Solver):
                 if e is not None and (failed is None or e > failed) and e < grid[hi]]
         return min(ends, default=grid[hi]), failed
 
-    def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError,
-                   pool: _BaselinePool | None) -> InfeasibleBudgetError:
+    def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError, pool: _BaselinePool | None,
+                   ran: list[Refiner] | None = None) -> InfeasibleBudgetError:
         """``err`` with a ``min_feasible_bytes`` that is a budget this solver
         then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
 
@@ -850,7 +878,8 @@ class LibraSolver(Solver):
         Where the stated minimum itself is not met, the next round looks
         above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
-        descents."""
+        descents.  ``ran``: the descents the solve ran, rewound for each
+        round where they kept checkpoints (:meth:`_first_planned`)."""
         if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
             return err
         floor = memory_lower_bound(problem)
@@ -865,7 +894,7 @@ class LibraSolver(Solver):
             need = math.ceil(span / -math.log1p(-self.TIGHTEN_REL / 2)) + 1 if span > 0 else 0
             k = min(max(self.TIGHTEN_GRID, need), self.TIGHTEN_GRID_MAX)
             grid = sorted({min(max(int(round(math.exp(log_lo + span * i / k))), lo + 1), hi) for i in range(1, k + 1)})
-            found, failed = self._first_planned(problem, grid, pool)
+            found, failed = self._first_planned(problem, grid, pool, ran)
             if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
                 if hi >= peak:
                     break

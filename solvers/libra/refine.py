@@ -145,6 +145,9 @@ class Refiner:
         self._since: float | None = None
         self.time_limit_s = opts.time_limit_s   # on busy_s; LibraSolver shares its option among descents
         self.asked: set[int] | None = None      # budgets this descent is run for (None: every budget)
+        # budgets it was not run for because a lower bound on what its plan adds (s) rules it out there,
+        # with that bound (LibraSolver._bounded)
+        self.skipped: dict[int, float] = {}
         # the cached recompute cost of a window (its selection bound) is the cheapest admissible recompute
         # option found, variants included (True; LibraSolver's portfolio) or the plain recomputation's
         self.variant_bounds = False

@@ -263,28 +263,43 @@ def test_a_rewound_descent_takes_the_snapshots_of_a_new_one(policy):
 @pytest.mark.parametrize("make", [lambda: random_layered_graph(100, seed=0), lambda: slow_layered(120, 0)])
 def test_the_tightening_on_rewound_descents_states_what_new_descents_state(make, monkeypatch):
     """The stated minimum of an infeasible budget (recompute-only, just over the memory floor) is
-    searched for on the descents the solve ran, rewound (``LibraSolver._first_planned``), and is
-    the one new descents find; the rounds build no new plain descent."""
+    searched for on the descents and fallback descents the solve (or the sweep) ran, rewound
+    (``LibraSolver._first_planned``), and is the one new descents find; the tightening builds no
+    new plain descent."""
     from libra_opt.solvers.libra.refine import Refiner
     from libra_opt.solvers.libra.solver import LibraSolver
 
     p, policy = make(), "recompute"
     budget = int(1.02 * memory_lower_bound(p))
+    phase = ["solve"]
     built = []
-    init = Refiner.__init__
+    init, tightened = Refiner.__init__, LibraSolver._tightened
 
     def spy(self, *a, **k):
         init(self, *a, **k)
-        built.append(type(self))
+        built.append((phase[0], type(self)))
+
+    def tightening(self, *a, **k):
+        phase[0] = "tightening"
+        try:
+            return tightened(self, *a, **k)
+        finally:
+            phase[0] = "solve"
 
     monkeypatch.setattr(Refiner, "__init__", spy)
+    monkeypatch.setattr(LibraSolver, "_tightened", tightening)
+    solver = get_solver("libra", policy=policy)
     with pytest.raises(InfeasibleBudgetError) as rewound:
-        get_solver("libra", policy=policy).solve(p, budget)
-    rewound_plain = built.count(Refiner)
+        solver.solve(p, budget)
+    assert ("tightening", Refiner) not in built
+    swept = solver.solve_many(p, [budget, no_remat_peak(p)])
+    assert ("tightening", Refiner) not in built
     monkeypatch.setattr(LibraSolver, "CHECKPOINT_MAX_NODES", 0)
     built.clear()
     with pytest.raises(InfeasibleBudgetError) as fresh:
-        get_solver("libra", policy=policy).solve(p, budget)
-    assert rewound.value.min_feasible_bytes == fresh.value.min_feasible_bytes
-    assert built.count(Refiner) > rewound_plain   # the new descents of each round
-    assert_fits(p, get_solver("libra", policy=policy).solve(p, rewound.value.min_feasible_bytes))
+        solver.solve(p, budget)
+    assert ("tightening", Refiner) in built   # the new descents of each round
+    m = fresh.value.min_feasible_bytes
+    assert rewound.value.min_feasible_bytes == m and swept[0].min_feasible_bytes == m and swept[1].success
+    assert solver.solve_many(p, [budget])[0].min_feasible_bytes == m
+    assert_fits(p, solver.solve(p, m))

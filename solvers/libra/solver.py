@@ -554,7 +554,8 @@ class LibraSolver(Solver):
         return o
 
     def _fallbacks(self, problem: RematProblem, refs: list[Refiner], budgets: list[int],
-                   snaps: list[dict], force: bool = False) -> tuple[list[Refiner], list[dict]]:
+                   snaps: list[dict], force: bool = False, reuse: list[Refiner] | None = None
+                   ) -> tuple[list[Refiner], list[dict]]:
         """For the budgets no descent reached: descents without early
         regeneration, when some descent took an early regeneration (which
         holds memory and can end a greedy descent sooner), and, with
@@ -577,7 +578,10 @@ class LibraSolver(Solver):
         problems of at most :attr:`REVERSE_MAX_NODES` nodes, the reverse
         greedy (:class:`~libra_opt.solvers.libra.reverse.ReverseRefiner`).  ``force``: for
         every budget of ``budgets`` (their snapshots did not lower within
-        them), as a solve of several budgets runs them for one it misses."""
+        them), as a solve of several budgets runs them for one it misses.
+        ``reuse``: the plain fallback descents an earlier call of the same
+        solve built (the tightening's rounds): one of the same options is
+        taken from there, rewound (:meth:`_plain`), instead of a new one."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
         if not missing:
             return [], []
@@ -595,16 +599,17 @@ class LibraSolver(Solver):
                     return bulk, bulk_snaps
         more = []
         if any(ref.used_early for ref in refs):
-            more = [Refiner(problem, dataclasses.replace(ref.opts, early=False)) for ref in refs]
+            more = [self._plain(problem, dataclasses.replace(ref.opts, early=False), missing, reuse) for ref in refs]
         main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
         if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
-            more.append(Refiner(problem, dataclasses.replace(refs[0].opts, windows="all")))
+            more.append(self._plain(problem, dataclasses.replace(refs[0].opts, windows="all"), missing, reuse))
         if (o.policy == "hybrid" and o.portfolio and o.swap_waits is None and problem.device.copies_overlap_compute
                 and not any(ref.allow_wait for ref in refs)):
             # swapping that waits for its copies out: reaches down to the memory floor, paying stalls (over
             # every window with windows="auto": swap-only mode's own fallback, which reaches lowest)
             win = "all" if o.windows == "auto" else o.windows
-            ref = Refiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win))
+            ref = self._plain(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True, windows=win),
+                              missing, reuse)
             if o.time_limit_s is None and problem.num_nodes > self.POOL_MAX_NODES:
                 # it takes many more steps than the others: on large problems, at most as long as they took
                 ref.time_limit_s = self.SWAP_WAIT_SHARE * max(sum(r.clock_s() for r in refs), 1.0)
@@ -618,6 +623,18 @@ class LibraSolver(Solver):
         for ref in more:
             ref.asked = set(missing)
         return more + bulk, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs)) + bulk_snaps
+
+    def _plain(self, problem: RematProblem, opts: LibraOptions, budgets: list[int],
+               reuse: list[Refiner] | None) -> Refiner:
+        """A plain descent of ``opts`` for ``budgets``: the first of ``reuse``
+        with these options that :meth:`Refiner.rewind` puts back before the
+        largest budget (taken out of ``reuse``: the same snapshots as a new
+        one), or a new one (keeping checkpoints where :meth:`_rewindable`
+        says)."""
+        for k, ref in enumerate(reuse or ()):
+            if type(ref) is Refiner and ref.opts == opts and ref.rewind(max(budgets)):
+                return reuse.pop(k)
+        return self._rewindable(problem, [Refiner(problem, opts)])[0]
 
     def _descend_all(self, refs: list[Refiner], budgets: list[int], spent_s: float = 0.0,
                      free: dict | None = None) -> list[dict]:
@@ -771,11 +788,11 @@ class LibraSolver(Solver):
         below = self._below_floor(problem, budget_bytes, pool)
         if below is not None:
             raise self._tightened(problem, below, pool)
-        refs = self._rewindable(problem, self._refiners(problem))
+        refs, more = self._rewindable(problem, self._refiners(problem)), []
         try:
-            return self._solve_at(problem, budget_bytes, pool, refs)
+            return self._solve_at(problem, budget_bytes, pool, refs, more)
         except InfeasibleBudgetError as e:
-            raise self._tightened(problem, e, pool, refs) from None
+            raise self._tightened(problem, e, pool, refs, more) from None
 
     def _rewindable(self, problem: RematProblem, refs: list[Refiner]) -> list[Refiner]:
         """``refs`` with checkpoints kept (``Refiner.checkpoint_every``: every
@@ -821,16 +838,19 @@ class LibraSolver(Solver):
         return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
     def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None,
-                  refs: list[Refiner] | None = None) -> RawSolution:
+                  refs: list[Refiner] | None = None, built: list[Refiner] | None = None) -> RawSolution:
         """One solve (descents, fallbacks, finish) sharing the baselines'
         ``pool``; ``refs``: the descents to run (new ones of
-        :meth:`_refiners` where ``None``)."""
+        :meth:`_refiners` where ``None``); ``built``: where given, the
+        fallback descents run are added to it."""
         refs = self._refiners(problem) if refs is None else refs
+        built = [] if built is None else built
         free: dict = {}
         snaps = self._descend_all(refs, [budget_bytes], free=free)
         if budget_bytes in free:
             return free[budget_bytes][0]
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
+        built.extend(more)
         refs, snaps = refs + more, snaps + more_snaps
         try:
             return self._planned(problem, refs, snaps, budget_bytes, pool)
@@ -842,6 +862,7 @@ class LibraSolver(Solver):
             more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps, force=True)
             if not more:
                 raise
+            built.extend(more)
             refs, snaps = refs + more, snaps + more_snaps
             return self._planned(problem, refs, snaps, budget_bytes, pool)
 
@@ -894,7 +915,8 @@ class LibraSolver(Solver):
     _tight_detail = "the smallest budget it plans, verified"
 
     def _first_planned(self, problem: RematProblem, budgets: list[int], pool: _BaselinePool | None,
-                       ran: list[Refiner] | None = None) -> tuple[int | None, int | None]:
+                       ran: list[Refiner] | None = None, ran_more: list[Refiner] | None = None
+                       ) -> tuple[int | None, int | None]:
         """The smallest of ``budgets`` found met, by bisection, from one set
         of descents recording all of them (as :meth:`solve_many`; equal to
         single solves), and the highest budget tried and found not met below
@@ -914,10 +936,11 @@ class LibraSolver(Solver):
         (:meth:`_refiners`' own), rewound to where they first got under the
         largest budget (``Refiner.rewind``: the same snapshots as new
         descents, without the steps above it); new ones where any cannot
-        be."""
+        be.  ``ran_more``: the fallback descents the solve ran, rewound
+        likewise where a round needs one of the same options."""
         refs = ran if ran is not None and all(ref.rewind(max(budgets)) for ref in ran) else self._refiners(problem)
         snaps = self._descend_all(refs, budgets)
-        more, more_snaps = self._fallbacks(problem, refs, budgets, snaps)
+        more, more_snaps = self._fallbacks(problem, refs, budgets, snaps, reuse=list(ran_more or ()))
         refs, snaps = refs + more, snaps + more_snaps
         grid = sorted(budgets)
         lo, hi, failed = -1, len(grid), None      # grid[hi] met (hi == len: none found yet); grid[lo] not met
@@ -937,7 +960,7 @@ class LibraSolver(Solver):
         return min(ends, default=grid[hi]), failed
 
     def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError, pool: _BaselinePool | None,
-                   ran: list[Refiner] | None = None) -> InfeasibleBudgetError:
+                   ran: list[Refiner] | None = None, ran_more: list[Refiner] | None = None) -> InfeasibleBudgetError:
         """``err`` with a ``min_feasible_bytes`` that is a budget this solver
         then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
 
@@ -951,8 +974,9 @@ class LibraSolver(Solver):
         Where the stated minimum itself is not met, the next round looks
         above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
-        descents.  ``ran``: the descents the solve ran, rewound for each
-        round where they kept checkpoints (:meth:`_first_planned`)."""
+        descents.  ``ran``, ``ran_more``: the descents and the fallback
+        descents the solve ran, rewound for each round where they kept
+        checkpoints (:meth:`_first_planned`)."""
         if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
             return err
         floor = memory_lower_bound(problem)
@@ -967,7 +991,7 @@ class LibraSolver(Solver):
             need = math.ceil(span / -math.log1p(-self.TIGHTEN_REL / 2)) + 1 if span > 0 else 0
             k = min(max(self.TIGHTEN_GRID, need), self.TIGHTEN_GRID_MAX)
             grid = sorted({min(max(int(round(math.exp(log_lo + span * i / k))), lo + 1), hi) for i in range(1, k + 1)})
-            found, failed = self._first_planned(problem, grid, pool, ran)
+            found, failed = self._first_planned(problem, grid, pool, ran, ran_more)
             if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
                 if hi >= peak:
                     break
@@ -1212,12 +1236,13 @@ class LibraSolver(Solver):
     def _solve_many(self, problem: RematProblem, bb: list[int], raise_on_infeasible: bool) -> list[SolveResult]:
         if not problem.num_nodes:
             return [self._finish(problem, b, self._empty_plan(problem), 0.0) for b in bb]
-        refs = self._refiners(problem)
+        refs = self._rewindable(problem, self._refiners(problem))
         aim = [b for b in bb if not self._under_floor(problem, b)]   # (the others: no plan fits, _below_floor)
         free: dict = {}
         snaps = self._descend_all(refs, aim, free=free)
         base = (list(refs), list(snaps))
         more, more_snaps = self._fallbacks(problem, refs, aim, snaps)   # (a free budget has a snapshot: not missed)
+        ran = (base[0], list(more))   # rewound by the tightening (_first_planned)
         refs, snaps = refs + more, snaps + more_snaps
         spent = [ref.clock_s() for ref in refs]
         pool = self._pool(problem)
@@ -1228,7 +1253,7 @@ class LibraSolver(Solver):
             below = self._below_floor(problem, b, pool)
             if below is not None:   # no plan fits: the tightening below states the smallest budget met
                 if raise_on_infeasible:
-                    raise self._tightened(problem, below, pool) from None
+                    raise self._tightened(problem, below, pool, *ran) from None
                 missed.append((len(out), below, time.perf_counter() - t1))
                 out.append(None)
                 continue
@@ -1244,7 +1269,7 @@ class LibraSolver(Solver):
                 raw = self._planned(problem, refs, snaps, b, pool)
             except InfeasibleBudgetError as e:
                 if raise_on_infeasible:
-                    raise self._tightened(problem, e, pool) from None
+                    raise self._tightened(problem, e, pool, *ran) from None
                 missed.append((len(out), e, base_s + time.perf_counter() - t1))
                 out.append(None)
                 continue
@@ -1254,7 +1279,7 @@ class LibraSolver(Solver):
         if missed:   # one tightening for the sweep, from its highest infeasible budget
             t1 = time.perf_counter()
             top = max(missed, key=lambda m: m[1].budget_bytes)
-            tight = self._tightened(problem, top[1], pool)
+            tight = self._tightened(problem, top[1], pool, *ran)
             extra_s = time.perf_counter() - t1
             for i, e, s in missed:
                 if tight is not top[1]:

@@ -156,6 +156,11 @@ def all_windows(problem: RematProblem) -> list[tuple[int, int, int]]:
             for x, y in zip(uses, uses[1:]) if y - x >= 2]
 
 
+def _never(t: int) -> bool:
+    """No tensor comes back by a swap-in (``regeneration_steps``' ``by_swap`` where nothing is on the host)."""
+    return False
+
+
 class _Lowerer:
     def __init__(self, problem: RematProblem, evictions: Iterable[Eviction], prefetch):
         self.p = p = problem
@@ -413,8 +418,12 @@ class _Lowerer:
         if not missing:
             return set()
         tab = self.p.tables
+        # with no host copy and no copy in flight nothing comes back by a swap-in (_how)
+        by_swap = (lambda t: self._how(t)[0] == "swap") if self.host or self.arriving else _never
         steps, pending = regeneration_steps(needed, missing, lambda t: is_act[t] and t not in live,
-                                            lambda t: self._how(t)[0] == "swap", tab.t_prod, tab.n_inputs)
+                                            by_swap, tab.t_prod, tab.n_inputs)
+        compute_instr, free_instr, append = self._compute_instr, self._free_instr, self.out.append
+        t_out, last_eff, storage, is_off = self._t_out, self._last_eff, self._storage, self._is_off
         made: set[int] = set()
         for swap, x in steps:
             if swap:
@@ -430,26 +439,38 @@ class _Lowerer:
                 self._drop_unneeded((x,), pending, made, i)
                 continue
             node = self.nodes[x]
-            if all(t in live for t in node.outputs):
+            outs = node.outputs
+            new = [t for t in outs if t not in live]
+            if not new:
                 continue
             if not node.recomputable:
                 raise ScheduleError(f"cannot regenerate the outputs of node {node.name!r} ({node.target}) for "
                                     f"position {i}: it is not recomputable (random or mutating op) and has no "
                                     f"host copy; keep or swap its outputs")
-            for t in node.outputs:
-                # a multi-output op recomputed for one output while another one's swap-in is in
-                # flight: that copy lands first (a storage is written by one producer at a time)
-                if t in self.arriving:
-                    self.out.append(Wait(t))
-                    self.arriving.discard(t)
-                    live.add(t)
-            self.out.append(Compute(x))
-            new = [t for t in node.outputs if t not in live]
+            if self.arriving:
+                for t in outs:
+                    # a multi-output op recomputed for one output while another one's swap-in is in
+                    # flight: that copy lands first (a storage is written by one producer at a time)
+                    if t in self.arriving:
+                        self.out.append(Wait(t))
+                        self.arriving.discard(t)
+                        live.add(t)
+                new = [t for t in outs if t not in live]
+            append(compute_instr[x])
             live.update(new)
             made.update(new)
-            for u in node.inputs:
+            ins = node.inputs
+            for u in ins:
                 pending[u] -= 1
-            self._drop_unneeded((*node.inputs, *new), pending, made, i)
+            # _drop_unneeded, inlined (a call per recomputed node: a quarter of a long chain's lowering)
+            for t in dropped_after_step([t for t in (*ins, *new) if t in made], live, pending, i, t_out, last_eff,
+                                        storage, is_off):
+                if self.host and not is_off(storage[t], i) and self._defer_base(t):
+                    continue
+                append(free_instr[t])
+                live.discard(t)
+            if self.held:
+                self._release_bases()
         return made
 
     def _drop_unneeded(self, cands, pending, made, i) -> None:
@@ -457,9 +478,10 @@ class _Lowerer:
         # only what this chain made can be freed by it: the rule's "resident" is made and still live
         for t in dropped_after_step([t for t in cands if t in made], live, pending, i, self._t_out, self._last_eff,
                                     self._storage, self._is_off):
-            if not self._is_off(self._storage[t], i) and self._defer_base(t):
+            # (_defer_base holds only a base with a host copy: none while nothing was swapped out)
+            if self.host and not self._is_off(self._storage[t], i) and self._defer_base(t):
                 continue
-            self.out.append(Free(t))
+            self.out.append(self._free_instr[t])
             live.discard(t)
         if self.held:
             self._release_bases()

@@ -162,17 +162,6 @@ class Simulator(ScheduleInterpreter):
             _, nbytes = heapq.heappop(self.pending)
             self.mem -= nbytes
 
-    def _drop(self, tid: int) -> None:
-        s = self._storage[tid]
-        self.refs[s] -= 1
-        if self.refs[s] == 0:
-            self.allocated.discard(s)
-            end = self.d2h_end.get(s, 0.0)
-            if end > self.t:  # the copy out still reads it: release when the copy ends
-                heapq.heappush(self.pending, (end, self._nbytes[s]))
-            else:
-                self.mem -= self._nbytes[s]
-
     def _name(self, tid: int) -> str:
         return repr(self.problem.tensors[tid].name)
 
@@ -248,7 +237,17 @@ class Simulator(ScheduleInterpreter):
                 self.fail(f"frees {self._name(tid)} before Wait on its swap-in")
             self.fail(f"frees {self._name(tid)}, which is not resident (never computed or already freed)")
         resident.discard(tid)
-        self._drop(tid)
+        # the storage's reference goes; its bytes when it was the last (once a copy out reading it ends)
+        s = self._storage[tid]
+        refs = self.refs
+        refs[s] -= 1
+        if refs[s] == 0:
+            self.allocated.discard(s)
+            end = self.d2h_end.get(s, 0.0)
+            if end > self.t:  # the copy out still reads it: release when the copy ends
+                heapq.heappush(self.pending, (end, self._nbytes[s]))
+            else:
+                self.mem -= self._nbytes[s]
         self.tl_t.append(self.t)
         self.tl_b.append(self.mem)
 

@@ -117,6 +117,7 @@ from libra_opt.ir.units import parse_budget
 from ..base import Solver
 from ..baselines import BaselineCandidate, BaselinePlan
 from .bounds import swap_only_lower_bounds
+from .exchange import MAX_NODES as EXCHANGE_MAX_NODES
 from .explain import REASON_ONLY_POLICY, explain
 from .estimate import SWAP
 from .records import FinishedPlan, Prepared, Snapshot
@@ -1068,9 +1069,10 @@ class LibraSolver(Solver):
                 if prepared is None:
                     prepared = seen[key] = ref.prepare(snap, budget, exchange=False, polish=polish)
                 cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
-        if self.options.exchange and polish and cands:
+        if self.options.exchange and polish and cands and refs[0].problem.num_nodes <= EXCHANGE_MAX_NODES:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
-            # (the plans without them stay candidates: the estimate can drift from the simulation)
+            # (the plans without them stay candidates: the estimate can drift from the simulation); on
+            # larger problems there are none (exchange.MAX_NODES), and preparing again finds the same plan
             top = min(c.estimate for c in cands)
             for est, k, _, _ in list(cands):
                 if est <= top * (1 + self.EXCHANGE_SPAN):

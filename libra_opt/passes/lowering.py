@@ -58,7 +58,7 @@ import numpy as np
 from ..errors import ScheduleError
 from ..ir.problem import ACTIVATION, RematProblem
 from .regeneration import dropped_after_step, regeneration_steps
-from ..ir.schedule import Compute, Free, Instr, Op, Schedule, SwapIn, SwapOut, Wait
+from ..ir.schedule import Free, Instr, Op, Schedule, SwapIn, SwapOut, Wait
 
 
 class Policy(str, Enum):

@@ -436,34 +436,36 @@ class _Lowerer:
                 self.arriving.discard(x)
                 live.add(x)
                 made.add(x)
-                self._drop_unneeded((x,), pending, made, i)
-                continue
-            node = self.nodes[x]
-            outs = node.outputs
-            new = [t for t in outs if t not in live]
-            if not new:
-                continue
-            if not node.recomputable:
-                raise ScheduleError(f"cannot regenerate the outputs of node {node.name!r} ({node.target}) for "
-                                    f"position {i}: it is not recomputable (random or mutating op) and has no "
-                                    f"host copy; keep or swap its outputs")
-            if self.arriving:
-                for t in outs:
-                    # a multi-output op recomputed for one output while another one's swap-in is in
-                    # flight: that copy lands first (a storage is written by one producer at a time)
-                    if t in self.arriving:
-                        self.out.append(Wait(t))
-                        self.arriving.discard(t)
-                        live.add(t)
+                cands = (x,)
+            else:
+                node = self.nodes[x]
+                outs = node.outputs
                 new = [t for t in outs if t not in live]
-            append(compute_instr[x])
-            live.update(new)
-            made.update(new)
-            ins = node.inputs
-            for u in ins:
-                pending[u] -= 1
-            # _drop_unneeded, inlined (a call per recomputed node: a quarter of a long chain's lowering)
-            for t in dropped_after_step([t for t in (*ins, *new) if t in made], live, pending, i, t_out, last_eff,
+                if not new:
+                    continue
+                if not node.recomputable:
+                    raise ScheduleError(f"cannot regenerate the outputs of node {node.name!r} ({node.target}) for "
+                                        f"position {i}: it is not recomputable (random or mutating op) and has no "
+                                        f"host copy; keep or swap its outputs")
+                if self.arriving:
+                    for t in outs:
+                        # a multi-output op recomputed for one output while another one's swap-in is in
+                        # flight: that copy lands first (a storage is written by one producer at a time)
+                        if t in self.arriving:
+                            self.out.append(Wait(t))
+                            self.arriving.discard(t)
+                            live.add(t)
+                    new = [t for t in outs if t not in live]
+                append(compute_instr[x])
+                live.update(new)
+                made.update(new)
+                ins = node.inputs
+                for u in ins:
+                    pending[u] -= 1
+                cands = (*ins, *new)
+            # the drop rule after each step: only what this chain made can be freed by it (the rule's
+            # "resident" is made and still live); _defer_base holds only a base with a host copy
+            for t in dropped_after_step([t for t in cands if t in made], live, pending, i, t_out, last_eff,
                                         storage, is_off):
                 if self.host and not is_off(storage[t], i) and self._defer_base(t):
                     continue
@@ -472,19 +474,6 @@ class _Lowerer:
             if self.held:
                 self._release_bases()
         return made
-
-    def _drop_unneeded(self, cands, pending, made, i) -> None:
-        live = self.resident
-        # only what this chain made can be freed by it: the rule's "resident" is made and still live
-        for t in dropped_after_step([t for t in cands if t in made], live, pending, i, self._t_out, self._last_eff,
-                                    self._storage, self._is_off):
-            # (_defer_base holds only a base with a host copy: none while nothing was swapped out)
-            if self.host and not self._is_off(self._storage[t], i) and self._defer_base(t):
-                continue
-            self.out.append(self._free_instr[t])
-            live.discard(t)
-        if self.held:
-            self._release_bases()
 
     # A base that comes back only by a swap-in (its storage has a host copy, and a swap decision or a
     # producer that cannot run again) may pass its last use while a view still holds its storage.

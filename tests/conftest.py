@@ -1,7 +1,8 @@
 """Shared pytest setup: skip tests marked ``cuda`` when no CUDA GPU is present; the
 ``one_intra_op_thread`` fixture for modules that run many tiny eager ops; node-link graph
 files written by the tests themselves (``checkmate_graph_file``, ``layered_graph_file``),
-so that a clone of the repository is all the suite needs."""
+so that a clone of the repository is all the suite needs; ``descend_calls``, the ``libra``
+descents a test runs."""
 import json
 
 import pytest
@@ -77,6 +78,23 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def descend_calls(monkeypatch):
+    """Every ``Refiner.descend`` call of the test (``libra``'s descents), as ``(policy, budgets)``
+    (a tuple of bytes), in order; the list may be cleared between solves."""
+    from libra_opt.solvers.libra.refine import Refiner
+
+    calls = []
+    descend = Refiner.descend
+
+    def spy(self, budgets, to_end=False):
+        calls.append((self.opts.policy, tuple(budgets)))
+        return descend(self, budgets, to_end)
+
+    monkeypatch.setattr(Refiner, "descend", spy)
+    return calls
 
 
 @pytest.fixture

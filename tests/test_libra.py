@@ -193,25 +193,17 @@ def test_sweep_equals_single_budget_solves_with_repairs(policy):
             assert_valid(p, r)
 
 
-def test_a_plan_that_adds_no_time_ends_the_portfolio(monkeypatch):
+def test_a_plan_that_adds_no_time_ends_the_portfolio(descend_calls):
     """Where the first descent's plan adds no time (its swaps hide behind compute), no descent,
     fallback or baseline can be cheaper: a solve returns it without running them, a sweep runs
     them only for the budgets without such a plan, and the sweep still equals single solves."""
-    from libra_opt.solvers.libra.refine import Refiner
     from libra_opt.solvers.libra.solver import LibraSolver
 
     p = random_layered_graph(80, seed=0)
     step = simulate(p, no_remat_schedule(p)).time_s
     p = random_layered_graph(80, seed=0, bandwidth_bytes_per_s=no_remat_peak(p) / step)
     tol = LibraSolver.FREE_REL * p.total_compute_s
-    calls = []
-    descend = Refiner.descend
-
-    def spy(self, budgets, to_end=False):
-        calls.append((self.opts.policy, tuple(budgets)))
-        return descend(self, budgets, to_end)
-
-    monkeypatch.setattr(Refiner, "descend", spy)
+    calls = descend_calls
     solver = get_solver("libra")
     r = solver.solve(p, 0.95)
     assert_valid(p, r)

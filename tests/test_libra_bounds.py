@@ -81,7 +81,7 @@ def test_the_bound_counts_the_copy_queue():
 
 
 @pytest.mark.parametrize("frac", [0.7, 0.5])
-def test_a_skipped_swap_only_descent_changes_no_plan(frac, monkeypatch):
+def test_a_skipped_swap_only_descent_changes_no_plan(frac, monkeypatch, descend_calls):
     """Where the bound skips the swap-only descent (hybrid's plan on ResNet-50 b128 costs a fraction
     of it), the plan is the one the portfolio returns without skipping; and where the plan found
     does not cost less than the bound, the skipped descent runs after all (here forced: every plan
@@ -104,14 +104,7 @@ def test_a_skipped_swap_only_descent_changes_no_plan(frac, monkeypatch):
     assert with_skip.schedule.instructions == without.schedule.instructions
     monkeypatch.setattr(LibraSolver, "SKIP_RATIO", 2.0)
     monkeypatch.setattr(LibraSolver, "_added_s", staticmethod(lambda problem, raw: np.inf))
-    ran = []
-    descend = Refiner.descend
-
-    def watch(self, budgets, to_end=False):
-        ran.append((self.opts.policy, tuple(budgets)))
-        return descend(self, budgets, to_end)
-
-    monkeypatch.setattr(Refiner, "descend", watch)
+    descend_calls.clear()
     redone = get_solver("libra").solve(p, budget)
-    assert ("swap", (budget,)) in ran[3:]
+    assert ("swap", (budget,)) in descend_calls[3:]
     assert redone.schedule.instructions == without.schedule.instructions

@@ -5,15 +5,21 @@ the cheaper simulated plan.  Checked on small generated problems against the sam
 the pass and against the single-policy modes, every plan simulated within its budget."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from libra_opt.frontend import generators as G
+from libra_opt.ir.problem_io import load_problem
 from libra_opt.passes.lowering import lower
 from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.solvers import solve
 from libra_opt.solvers.libra import solver as libra_solver
 from libra_opt.solvers.libra.estimate import REC, SWAP
+from libra_opt.solvers.libra import switch as switch_mod
 from libra_opt.solvers.libra.switch import REASON_POLICY_SWITCH, switch_policies
+
+PROBLEMS = Path(__file__).resolve().parent.parent / "problems"
 
 
 def _with_copies(p, copy_steps: float):
@@ -204,3 +210,61 @@ def test_evaluate_stops_above_a_limit_only_where_the_full_effect_is_above_it():
                 assert eff.cost_s == full.cost_s and eff.raised_max == full.raised_max
                 assert eff.raised_at == full.raised_at and eff.chains == full.chains
     assert stopped > 0 and full_above >= stopped
+
+
+def test_evaluate_stops_at_a_cost_only_where_the_full_effect_costs_at_least_it():
+    """``Timeline.evaluate(..., stop_cost=c)`` (the switch pass's refusal of a change that surely saves too
+    little, before the chains are replayed) returns early only where the full evaluation adds at least
+    ``c`` seconds; elsewhere it returns the full effect. Every switch candidate of a prepared plan with
+    swaps and recomputations, both directions, at costs below, at and above each full one."""
+    p = _with_copies(G.large_beside_small_graph(30, seed=0), 4.0)
+    budget = int(0.8 * no_remat_peak(p))
+    ref = next(r for r in libra_solver.LibraSolver()._refiners(p) if r.opts.policy == "recompute")
+    snap = ref.descend([budget])[budget]
+    tl, records, _ = ref.prepare(snap, budget)
+    tl2, _, taken = switch_policies(ref, tl, records, budget)
+    assert taken > 0
+    stopped = replayed = 0
+    for j in records:
+        policy = REC if tl2.state.pol[j] == SWAP else SWAP
+        full = tl2.evaluate(j, policy, floor=0)
+        span = max(abs(full.cost_s), 1e-9)
+        for limit in (full.cost_s - span, full.cost_s, full.cost_s + span, -span, 0.0):
+            eff = tl2.evaluate(j, policy, floor=0, stop_cost=limit)
+            if eff.cost_s == float("inf"):   # stopped early
+                stopped += 1
+                assert full.cost_s >= limit and eff.chains == {}
+            else:
+                replayed += 1
+                assert eff.cost_s == full.cost_s and eff.raised_max == full.raised_max
+                assert eff.raised_at == full.raised_at and eff.chains == full.chains
+    assert stopped > 0 and replayed > 0
+
+
+def test_the_pass_scores_a_move_once_per_plan(monkeypatch):
+    """A window refused a move on a plan is not scored for it again while the plan is the same (a
+    second round after a first that took nothing): on the GPT-2 medium profile at 0.5, where the
+    hybrid plan's pass runs two rounds, no (window, policy, plan) is scored twice in one pass, and
+    the plan fits its budget (that it is the plan of scoring afresh: ``benchmarks/plan_hashes.py``)."""
+    p = load_problem(PROBLEMS / "h100_gpt2-medium_b8.json.gz")
+    scored, calls = [], []
+    score, switch = switch_mod._score, libra_solver.switch_policies
+
+    def counting_score(tl, j, policy, budget):
+        st = tl.state
+        scored[-1].append((j, policy, st.pol.tobytes(), st.w_b.tobytes(), st.floor.tobytes(), st.wait.tobytes()))
+        return score(tl, j, policy, budget)
+
+    def counting_switch(ref, tl, records, budget):
+        scored.append([])
+        out = switch(ref, tl, records, budget)
+        calls.append(out[2])
+        return out
+
+    monkeypatch.setattr(switch_mod, "_score", counting_score)
+    monkeypatch.setattr(libra_solver, "switch_policies", counting_switch)
+    r = solve(p, 0.5, "libra")
+    assert len(scored) >= 2 and 0 in calls   # a pass that took nothing: it ran its second round
+    for keys in scored:
+        assert len(keys) == len(set(keys))
+    assert_fits(p, r)

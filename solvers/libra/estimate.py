@@ -216,7 +216,7 @@ class Timeline:
 
     # ------------------------------------------------------------- evaluation
     def evaluate(self, j: int, policy: int, floor: int = 0, wait: int | None = None,
-                 stop_above: int | None = None) -> Effect:
+                 stop_above: int | None = None, stop_cost: float | None = None) -> Effect:
         """Effect of setting window ``j`` to ``policy`` (``KEEP`` undoes it),
         without changing the model.  ``floor``: for a swap, issue its swap-in no
         earlier than after this position (0: where it hides behind compute).
@@ -226,8 +226,13 @@ class Timeline:
         returned before the chains are replayed, with that point as
         ``raised_max`` (above ``stop_above``: at most the true one's), no
         chains and ``cost_s`` infinite: for a caller that refuses such a
-        change whatever it costs (the policy switches, the undo pass).  The
-        model is not changed either way."""
+        change whatever it costs (the policy switches, the undo pass).
+        ``stop_cost`` (s): where the change surely adds at least this much
+        time, the same early return, before the chains are replayed: a
+        replayed chain takes no less than 0 s, so the change adds at least
+        its change of stalls less the time of the chains it replays as they
+        are (for a caller that refuses such a change: the policy switches).
+        The model is not changed either way."""
         pt, wt, st = self.tables, self.windows, self.state
         old = int(st.pol[j])
         if policy != SWAP:
@@ -292,7 +297,17 @@ class Timeline:
             mm = np.maximum(vals, vals + regen_off[up] + H[up])
             k = int(np.argmax(mm))
             raised_max, raised_at = int(mm[k]), int(up[k])
-        if stop_above is not None and raised_max > stop_above:
+        old_chains = st.chains
+        stop = stop_above is not None and raised_max > stop_above
+        if not stop and stop_cost is not None:
+            least = new_swap.total_stall_s - swap.total_stall_s if new_swap is not None else 0.0
+            for q in pts:
+                ch = old_chains.get(q)
+                if ch is not None:
+                    least -= ch.time_s
+            # (a margin over the rounding of the sums: a change that may add less is replayed)
+            stop = least - stop_cost > 1e-9 * (abs(least) + abs(stop_cost)) + 1e-15
+        if stop:
             return Effect(math.inf, {}, new_swap, raised_max, raised_at, True, floor if policy == SWAP else 0, wait)
         st.hyp = Hypothesis(j, policy, s, hyp_pos)
         try:
@@ -301,7 +316,6 @@ class Timeline:
             st.hyp = None
         cost = 0.0
         feasible = True
-        old_chains = st.chains
         for q, ch in chains.items():
             old_ch = old_chains.get(q)
             cost += (ch.time_s if ch else 0.0) - (old_ch.time_s if old_ch else 0.0)

@@ -143,10 +143,12 @@ def _score(tl: Timeline, j: int, policy: int, budget: int):
     """The effect of moving window ``j`` to ``policy`` (a swap's swap-in where
     it hides behind compute) where it lowers the estimated added time and
     keeps every raised point within ``budget``; else ``None``."""
-    # stop_above: a change that raises a point over the budget is refused before its chains are replayed
-    eff = tl.evaluate(j, policy, floor=0, stop_above=budget) if policy == SWAP else tl.evaluate(
-        j, policy, stop_above=budget)
-    if not eff.feasible or eff.raised_max > budget or not eff.cost_s < -MIN_GAIN * max(tl.added_s(), 1e-30):
+    # stop_above / stop_cost: a change that raises a point over the budget, or surely saves too little,
+    # is refused before its chains are replayed
+    least = -MIN_GAIN * max(tl.added_s(), 1e-30)
+    eff = tl.evaluate(j, policy, floor=0, stop_above=budget, stop_cost=least) if policy == SWAP else tl.evaluate(
+        j, policy, stop_above=budget, stop_cost=least)
+    if not eff.feasible or eff.raised_max > budget or not eff.cost_s < least:
         return None
     return eff
 
@@ -191,6 +193,7 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
     state = _Switched(tl, dict(records))
     switched: set[int] = set()   # windows this pass moved: never moved back
     tried: set[int] = set()      # recomputed windows already scored for a swap
+    refused: dict[int, int] = {}  # swapped window -> switches taken when its move to recomputation was refused
 
     def take(j: int, policy: int, eff) -> None:
         """Move window ``j`` to ``policy``, kept where the estimated peak stays
@@ -215,10 +218,13 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
         taken = state.taken
         # swap -> recompute: first improvement, most stall first
         for j in _swap_order(ref, state.tl, state.records):
-            if j not in switched:
+            # refused on this very plan (as many switches taken: the same plan) in an earlier round: again
+            if j not in switched and refused.get(j) != state.taken:
                 eff = _score(state.tl, j, REC, budget)
                 if eff is not None:
                     take(j, REC, eff)
+                else:
+                    refused[j] = state.taken
         # recompute -> swap: score a batch, then take the largest savings first (each scored again on
         # the timeline as it is by then: every swap taken uses copy-queue time the next may need)
         work = state.tl

@@ -297,3 +297,38 @@ def test_the_tightening_on_rewound_descents_states_what_new_descents_state(make,
     assert rewound.value.min_feasible_bytes == m and swept[0].min_feasible_bytes == m and swept[1].success
     assert solver.solve_many(p, [budget])[0].min_feasible_bytes == m
     assert_fits(p, solver.solve(p, m))
+
+
+@pytest.mark.parametrize("make", [lambda: random_layered_graph(100, seed=0), lambda: slow_layered(120, 0)])
+def test_below_the_floor_the_tightening_rounds_rewind_one_set_of_descents(make, monkeypatch):
+    """Under the memory floor no descent runs before the tightening (``LibraSolver._below_floor``);
+    its rounds then run one set of descents, the solver's own, rewound from the second round on,
+    and build each plain fallback descent once: no two plain descents of one set of options. The
+    stated minimum is the one new descents in every round find, and a solve meets it."""
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p, policy = make(), "recompute"
+    budget = memory_lower_bound(p) // 2
+    built = []
+    init = Refiner.__init__
+
+    def spy(self, problem, opts, *a, **k):
+        init(self, problem, opts, *a, **k)
+        if type(self) is Refiner:
+            built.append(repr(opts))
+
+    monkeypatch.setattr(Refiner, "__init__", spy)
+    solver = get_solver("libra", policy=policy)
+    with pytest.raises(InfeasibleBudgetError) as rewound:
+        solver.solve(p, budget)
+    assert built and len(built) == len(set(built)), built
+    monkeypatch.setattr(LibraSolver, "CHECKPOINT_MAX_NODES", 0)
+    built.clear()
+    with pytest.raises(InfeasibleBudgetError) as fresh:
+        solver.solve(p, budget)
+    if "(1 rounds" not in str(fresh.value):   # without checkpoints: new descents in every round
+        assert len(built) > len(set(built))
+    m = fresh.value.min_feasible_bytes
+    assert rewound.value.min_feasible_bytes == m
+    assert_fits(p, solver.solve(p, m))

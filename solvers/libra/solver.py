@@ -787,9 +787,9 @@ class LibraSolver(Solver):
     def _solve_one(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         pool = self._pool(problem)
         below = self._below_floor(problem, budget_bytes, pool)
-        if below is not None:
-            raise self._tightened(problem, below, pool)
         refs, more = self._rewindable(problem, self._refiners(problem)), []
+        if below is not None:   # no descent run: the tightening's rounds run these, rewound after the first
+            raise self._tightened(problem, below, pool, refs, more)
         try:
             return self._solve_at(problem, budget_bytes, pool, refs, more)
         except InfeasibleBudgetError as e:
@@ -938,10 +938,13 @@ class LibraSolver(Solver):
         largest budget (``Refiner.rewind``: the same snapshots as new
         descents, without the steps above it); new ones where any cannot
         be.  ``ran_more``: the fallback descents the solve ran, rewound
-        likewise where a round needs one of the same options."""
+        likewise where a round needs one of the same options; the ones
+        this round builds are added to it, for the next round."""
         refs = ran if ran is not None and all(ref.rewind(max(budgets)) for ref in ran) else self._refiners(problem)
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps, reuse=list(ran_more or ()))
+        if ran_more is not None:   # the fallbacks this round built: a later round rewinds them (_plain)
+            ran_more.extend(ref for ref in more if all(ref is not r for r in ran_more))
         refs, snaps = refs + more, snaps + more_snaps
         grid = sorted(budgets)
         lo, hi, failed = -1, len(grid), None      # grid[hi] met (hi == len: none found yet); grid[lo] not met

@@ -303,10 +303,10 @@ class Refiner:
             return None
         costs = self.costs
         c = costs.cost[idx]
-        bat = self._raised_points(idx, p)
-        r, col = np.nonzero(bat >= 0)   # options whose raised point is known: out while it still reaches the peak
+        # options whose raised point is known: out while it still reaches the peak
+        r, col, at = self._raised_points(idx, p)
         if len(r):
-            hit = mem[bat[r, col]] + self.bmem[idx[r], col] >= peak
+            hit = mem[at] + self.bmem[idx[r], col] >= peak
             c[r[hit], col[hit]] = np.inf
         lo, hi = np.maximum(costs.hid_lo[idx], self._release_bound(tl, idx)), costs.hid_hi[idx]
         self.rel_lo[idx] = lo   # read by _evaluate during this selection
@@ -339,15 +339,21 @@ class Refiner:
                 if fresh_best is None or mv.score > fresh_best.score:
                     fresh_best = mv
 
-    def _raised_points(self, idx: np.ndarray, p: int) -> np.ndarray:
+    def _raised_points(self, idx: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The cached raised points (``bat``) of windows ``idx`` that still
-        apply at peak position ``p``, shape ``(len(idx), 4)`` (-1: none
-        known): all but those of the delayed and the waiting swaps found at
-        another position."""
-        bat = self.bat[idx]
-        late = bat[:, _O_LATE:_O_WAIT + 1]   # a view: written through
-        late[self.bat_p[idx, _O_LATE:_O_WAIT + 1] != p] = -1
-        return bat
+        apply at peak position ``p``: all but those of the delayed and the
+        waiting swaps found at another position.  ``(rows, cols, points)``:
+        the row in ``idx`` (ascending), the option column and the position,
+        one per known point (the known ones are few: the positions of the
+        others are not looked at)."""
+        sub = self.bat[idx]
+        r, col = np.nonzero(sub >= 0)
+        at = sub[r, col]
+        if len(r):
+            ok = (col < _O_LATE) | (self.bat_p[idx[r], col] == p)
+            if not ok.all():
+                r, col, at = r[ok], col[ok], at[ok]
+        return r, col, at
 
     def _release_bound(self, tl: Timeline, idx: np.ndarray) -> np.ndarray:
         """Earliest position a swap of each window in ``idx`` could release its

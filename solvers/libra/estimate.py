@@ -262,7 +262,7 @@ class Timeline:
                 hyp_pos[k] = now
                 self._add_crossed(pts, k, was, now)   # chains reading swaps whose prefetch moved past them
             if policy == SWAP:
-                hyp_pos[j] = int(new_swap.prefetch[np.searchsorted(new_swap.ids, j)])
+                hyp_pos[j] = int(new_swap.prefetch[new_swap.ids.searchsorted(j)])
         # change of the compute points, positive where memory rises
         rec_delta = 0
         if old == REC and policy != REC:
@@ -277,7 +277,7 @@ class Timeline:
             if rec_delta:
                 dC[a + 1:b] += rec_delta
             H = new_swap.held
-            up = np.flatnonzero((dC > 0) | (H > H_old))
+            up = ((dC > 0) | (H > H_old)).nonzero()[0]
         else:
             up = np.arange(a + 1, b) if rec_delta > 0 else np.zeros(0, dtype=np.int64)
             dC = None
@@ -286,7 +286,7 @@ class Timeline:
         raised_max, raised_at = NEG, -1
         if len(up) and pts:
             qs = np.fromiter(pts, dtype=np.int64, count=len(pts))
-            k = np.searchsorted(up, qs)
+            k = up.searchsorted(qs)
             inside = k < len(up)
             k = k[inside]
             k = k[up[k] == qs[inside]]
@@ -295,7 +295,7 @@ class Timeline:
         if len(up):
             vals = C[up] + (dC[up] if dC is not None else rec_delta)
             mm = np.maximum(vals, vals + regen_off[up] + H[up])
-            k = int(np.argmax(mm))
+            k = int(mm.argmax())
             raised_max, raised_at = int(mm[k]), int(up[k])
         old_chains = st.chains
         stop = stop_above is not None and raised_max > stop_above

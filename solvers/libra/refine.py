@@ -196,7 +196,7 @@ class Refiner:
         out: dict[int, Snapshot] = {}
         while True:
             m = tl.memory()
-            p = int(np.argmax(m))
+            p = int(m.argmax())
             peak = int(m[p])
             if self.checkpoint_every is not None and self.step == len(self._peaks):   # a step not seen before
                 self._peaks.append(peak)
@@ -292,7 +292,7 @@ class Refiner:
                      if tl.state.pol[j] == REC and tl.windows.w_a[j] < p <= tl.state.w_maxhi[j]]
             if extra:   # into the mask (np.union1d sorted every candidate again: O(W log W) a step)
                 mask[extra] = True
-        return np.flatnonzero(mask)
+        return mask.nonzero()[0]
 
     def _select(self, p: int, peak: int, mem: np.ndarray) -> Move | None:
         """Lazy best-first selection: candidates in order of their cached score
@@ -320,7 +320,7 @@ class Refiner:
         fresh_best = None
         evals = 0
         while True:
-            k = int(np.argmax(local))
+            k = int(local.argmax())
             if local[k] == -np.inf:
                 return fresh_best
             j = int(idx[k])
@@ -347,7 +347,7 @@ class Refiner:
         one per known point (the known ones are few: the positions of the
         others are not looked at)."""
         sub = self.bat[idx]
-        r, col = np.nonzero(sub >= 0)
+        r, col = (sub >= 0).nonzero()
         at = sub[r, col]
         if len(r):
             ok = (col < _O_LATE) | (self.bat_p[idx[r], col] == p)
@@ -369,10 +369,10 @@ class Refiner:
             o = np.argsort(tl.windows.w_prod[sw.ids], kind="stable")
             sp = tl.windows.w_prod[sw.ids][o]
             ends = np.maximum.accumulate(sw.d2h_end_s[o])
-            k = np.searchsorted(sp, prod, side="right") - 1
+            k = sp.searchsorted(prod, side="right") - 1
             issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
         end = issue + tl.windows.w_bytes[idx] / tl.tables.d2h * (1.0 + tl.windows.margin)
-        return np.searchsorted(T, end, side="left")
+        return T.searchsorted(end, side="left")
 
     def evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None,
                  costs: OptionCosts) -> Move | None:

@@ -96,9 +96,9 @@ def start_times(pt, st, regen_time: np.ndarray | None = None) -> np.ndarray:
     ``st.T_cache`` (replaced, never mutated, when they change)."""
     if regen_time is None or regen_time is st.regen_time:
         if st.T_cache is None:
-            st.T_cache = pt.cum[:-1] + np.cumsum(st.regen_time)
+            st.T_cache = pt.cum[:-1] + st.regen_time.cumsum()
         return st.T_cache
-    return pt.cum[:-1] + np.cumsum(regen_time)
+    return pt.cum[:-1] + regen_time.cumsum()
 
 
 
@@ -146,9 +146,9 @@ def out_waits(N: int, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, n
     ks = ks[np.lexsort((ks, wq[ks]))]  # waits in the order the compute stream meets them
     wpos = wq[ks]
     start_w = (T - regen_time)[wpos]
-    S = np.cumsum(d_o)
+    S = d_o.cumsum()
     base = Tend[prod_o] - (S - d_o)
-    m_at = np.searchsorted(wpos, prod_o, side="right") - 1   # last wait before each copy's issue
+    m_at = wpos.searchsorted(prod_o, side="right") - 1   # last wait before each copy's issue
     D = np.zeros(len(ks))
     while True:
         Dk = np.where(m_at >= 0, D[np.maximum(m_at, 0)], 0.0) if len(ks) else 0.0
@@ -215,12 +215,12 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     if overlap and (wt_ >= 0).any():   # waits for copies out: replay the queue with their stalls
         ends_sorted, out_stall, stall_pos = out_waits(N, T, Tend, regen_time, len(ids), first, o, d_o,
                                                       prod[first][o], wt_)
-        T = T + np.cumsum(stall_pos)
+        T = T + stall_pos.cumsum()
         Tend = T + pt.node_time
     else:
         issue = Tend[prod[first][o]]
         if overlap:
-            S = np.cumsum(d_o)
+            S = d_o.cumsum()
             ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
         else:
             ends_sorted = issue + d_o
@@ -230,9 +230,9 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     # prefetches: walk the host-to-device queue backwards from each use (lowering's "auto")
     o = np.lexsort((s, -b))
     use = T[b[o]] - regen_time[b[o]]
-    D = np.cumsum(d_in[o])
+    D = d_in[o].cumsum()
     start = np.minimum.accumulate(use + (D - d_in[o])) - D
-    pos_o = np.searchsorted(Tend, start, side="right") - 1
+    pos_o = Tend.searchsorted(start, side="right") - 1
     pos = np.empty_like(pos_o)
     pos[o] = pos_o
     # a chain inside the window that reads the storage gets it from an early prefetch, not a
@@ -257,7 +257,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         wait_at = T[wpos] - regen_time[wpos] + woff
         o_in = np.lexsort((s, b, pos))   # at one position: in order of use (lowering)
         ready = np.maximum(issue_in, d2h_end)[o_in]
-        S = np.cumsum(d_in[o_in])
+        S = d_in[o_in].cumsum()
         arrive = np.empty(len(ids))
         arrive[o_in] = S + np.maximum.accumulate(ready - (S - d_in[o_in]))
         if (arrive > wait_at).any():
@@ -271,15 +271,15 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     if stalled:
         stall_at = np.zeros(N)
         np.add.at(stall_at, wpos, stall)
-        delay = np.cumsum(stall_at)
-        r0 = np.maximum(a + 1, np.searchsorted(T + delay, d2h_end, side="left"))
+        delay = stall_at.cumsum()
+        r0 = np.maximum(a + 1, (T + delay).searchsorted(d2h_end, side="left"))
         # a swap-in issued before its copy out has ended holds a second buffer until then
         late = d2h_end > issue_in + delay[pos]
-        r0_late = np.maximum(pos + 2, np.searchsorted(T, d2h_end, side="left"))
+        r0_late = np.maximum(pos + 2, T.searchsorted(d2h_end, side="left"))
     elif overlap:   # no stall: no delay
-        r0 = np.maximum(a + 1, np.searchsorted(T, d2h_end, side="left"))
+        r0 = np.maximum(a + 1, T.searchsorted(d2h_end, side="left"))
         late = d2h_end > issue_in
-        r0_late = np.maximum(pos + 2, np.searchsorted(T, d2h_end, side="left"))
+        r0_late = np.maximum(pos + 2, T.searchsorted(d2h_end, side="left"))
     else:
         r0 = a + 1
         late = np.zeros(len(ids), dtype=bool)
@@ -289,7 +289,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     np.add.at(removal, pos[ok] + 1, -nbytes[ok])
     np.add.at(removal, pos[late] + 1, -nbytes[late])
     np.add.at(removal, np.minimum(r0_late[late], N), nbytes[late])
-    removal = np.cumsum(removal)[:N]
+    removal = removal.cumsum()[:N]
     held = np.zeros(N, dtype=np.int64)
     if overlap:   # released during the chain that runs before r0: held while the chain runs
         r0c = np.minimum(r0, N - 1)

@@ -133,6 +133,9 @@ class Refiner:
         # the peak position each was found at: a delayed or waiting swap's effect depends on it, so its
         # raised point is only known for that position
         self.bat_p = np.full((tl.windows.nw, 4), -1, dtype=np.int64)
+        # windows with a raised point in ``bat`` (or that had one since their last move): a few percent of
+        # the candidates, the only rows the selection reads
+        self.bat_any = np.zeros(tl.windows.nw, dtype=bool)
         self.eval_step = np.full(tl.windows.nw, -1, dtype=np.int64)
         self.cache: dict[int, Move] = {}
         self.records: dict[int, Decision] = {}
@@ -261,6 +264,7 @@ class Refiner:
         self.costs = snap.caches.copy()
         self.step, self.evals, self.cut_short, self.done = snap.step, snap.evals, snap.cut_short, False
         self.bat, self.bat_p, self.bmem, self.used_early = cp.bat.copy(), cp.bat_p.copy(), cp.bmem.copy(), cp.used_early
+        self.bat_any = (self.bat >= 0).any(axis=1)
         self.eval_step[:] = -1   # (all before the checkpoint's step there: a selection's cache is its step's only)
         return True
 
@@ -344,11 +348,13 @@ class Refiner:
         apply at peak position ``p``: all but those of the delayed and the
         waiting swaps found at another position.  ``(rows, cols, points)``:
         the row in ``idx`` (ascending), the option column and the position,
-        one per known point (the known ones are few: the positions of the
-        others are not looked at)."""
-        sub = self.bat[idx]
+        one per known point (the known ones are few: only the rows of
+        :attr:`bat_any` are read)."""
+        rows = self.bat_any[idx].nonzero()[0]
+        sub = self.bat[idx[rows]]
         r, col = (sub >= 0).nonzero()
         at = sub[r, col]
+        r = rows[r]
         if len(r):
             ok = (col < _O_LATE) | (self.bat_p[idx[r], col] == p)
             if not ok.all():
@@ -470,6 +476,7 @@ class Refiner:
                 if pol == REC and cur == KEEP and self.opts.early:
                     self._try_early(tl, j, p, m_p, limit, ok, mem)
                 self.bat[j, col] = e.raised_at
+                self.bat_any[j] = True
                 self.bat_p[j, col] = p
                 self.bmem[j, col] = max(int(e.raised_max - mem[e.raised_at]), 0)
             if col == _O_HID and newp >= m_p and p < b:
@@ -704,6 +711,7 @@ class Refiner:
         cost[j] = np.maximum(cost[j] - max(mv.eff.cost_s, 0.0), 0.0)
         cost[j, _O_REC if mv.policy == REC else _O_HID] = np.inf
         self.bat[j] = -1
+        self.bat_any[j] = False
 
     def _apply(self, mv: Move, p: int, peak: int, tl: Timeline, records: dict, step: int,
                reason: str | None) -> None:

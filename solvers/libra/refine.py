@@ -71,8 +71,9 @@ class _Checkpoint(NamedTuple):
     """What :meth:`Refiner.rewind` restores a descent from: its snapshot at
     a step (timeline, records, option-cost caches, counters) and the caches
     of refused options' raised points (``bat``, ``bat_p``, ``bmem``), which
-    order its later selections; the other caches of a selection are
-    rewritten at each step before they are read."""
+    order its later selections (``Refiner.bat_any``, the rows of ``bat`` the
+    selection reads, is rebuilt from ``bat``); the other caches of a
+    selection are rewritten at each step before they are read."""
     snap: Snapshot
     bat: np.ndarray
     bat_p: np.ndarray

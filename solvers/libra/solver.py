@@ -944,7 +944,8 @@ class LibraSolver(Solver):
         snaps = self._descend_all(refs, budgets)
         more, more_snaps = self._fallbacks(problem, refs, budgets, snaps, reuse=list(ran_more or ()))
         if ran_more is not None:   # the fallbacks this round built: a later round rewinds them (_plain)
-            ran_more.extend(ref for ref in more if all(ref is not r for r in ran_more))
+            built = [ref for ref in more if all(ref is not r for r in ran_more)]
+            ran_more.extend(built)
         refs, snaps = refs + more, snaps + more_snaps
         grid = sorted(budgets)
         lo, hi, failed = -1, len(grid), None      # grid[hi] met (hi == len: none found yet); grid[lo] not met

@@ -301,12 +301,15 @@ class Timeline:
         stop = stop_above is not None and raised_max > stop_above
         if not stop and stop_cost is not None:
             least = new_swap.total_stall_s - swap.total_stall_s if new_swap is not None else 0.0
+            scale = abs(least) + abs(stop_cost)
             for q in pts:
                 ch = old_chains.get(q)
                 if ch is not None:
                     least -= ch.time_s
-            # (a margin over the rounding of the sums: a change that may add less is replayed)
-            stop = least - stop_cost > 1e-9 * (abs(least) + abs(stop_cost)) + 1e-15
+                    scale += ch.time_s
+            # (a margin over the rounding of the sums, relative to their terms: a change that may add
+            # less is replayed)
+            stop = least - stop_cost > 1e-9 * scale + 1e-15
         if stop:
             return Effect(math.inf, {}, new_swap, raised_max, raised_at, True, floor if policy == SWAP else 0, wait)
         st.hyp = Hypothesis(j, policy, s, hyp_pos)

@@ -145,9 +145,9 @@ def _score(tl: Timeline, j: int, policy: int, budget: int):
     keeps every raised point within ``budget``; else ``None``."""
     # stop_above / stop_cost: a change that raises a point over the budget, or surely saves too little,
     # is refused before its chains are replayed
+    # (floor=0: a swap-in that hides behind compute; evaluate reads floor for a swap only)
     least = -MIN_GAIN * max(tl.added_s(), 1e-30)
-    eff = tl.evaluate(j, policy, floor=0, stop_above=budget, stop_cost=least) if policy == SWAP else tl.evaluate(
-        j, policy, stop_above=budget, stop_cost=least)
+    eff = tl.evaluate(j, policy, floor=0, stop_above=budget, stop_cost=least)
     if not eff.feasible or eff.raised_max > budget or not eff.cost_s < least:
         return None
     return eff

@@ -6,7 +6,7 @@ after their last use or their eviction point).
 """
 import pytest
 
-from libra_opt.errors import InfeasibleBudgetError, ScheduleError
+from libra_opt.errors import BudgetExceededError, InfeasibleBudgetError, ScheduleError
 from libra_opt.passes.lowering import Policy, default_windows, evictions_for, lower
 from libra_opt.ir.problem import BACKWARD, ProblemBuilder
 from libra_opt.ir.schedule import no_remat_schedule
@@ -438,3 +438,81 @@ def test_safe_recompute_decisions_match_a_plain_walk_on_random_problems():
             assert list(got.items()) == list(want.items()), (seed, ev)
             kept += sum(d == Policy.KEEP for d in got.values())
     assert kept > 100   # the problems do exercise the rule
+
+
+def _checkpoint_all_decisions(p):
+    windows = default_windows(p)
+    return safe_recompute_decisions(p, windows, windows), windows
+
+
+def test_a_limit_stops_the_lowering_only_of_a_plan_over_it(monkeypatch):
+    """``_evaluate(limit=L)`` returns ``None`` exactly where the whole plan's simulated peak is over ``L``,
+    having lowered only a prefix of it; under ``L`` it returns the schedule and simulation that lowering then
+    simulating give.  A plan found over a limit is not lowered again for a limit at most that one, and is
+    for a higher one or none."""
+    from libra_opt import generators as G
+    from libra_opt.solvers import baselines as Bm
+
+    emitted = []   # per lowering: the longest prefix the simulator was shown
+
+    def spy_lower(problem, evictions, *, prefetch="auto", watch=None):
+        emitted.append(0)
+
+        def w(out):
+            emitted[-1] = len(out)
+            watch(out)
+        return lower(problem, evictions, prefetch=prefetch, watch=None if watch is None else w)
+
+    monkeypatch.setattr(Bm, "lower", spy_lower)
+    stopped = 0
+    for p in _bound_problems() + [G.random_layered_graph(60, seed=2)]:
+        dec, windows = _checkpoint_all_decisions(p)
+        sched = lower(p, evictions_for(p, dec, windows))
+        full = simulate(p, sched)
+        for limit in (full.peak_bytes, full.peak_bytes - 1, full.peak_bytes // 2):
+            fresh = p.replace()   # a cold memo
+            emitted.clear()
+            got = Bm._evaluate(fresh, dec, windows, limit=limit)
+            assert len(emitted) == 1
+            if full.peak_bytes > limit:
+                assert got is None
+                with pytest.raises(BudgetExceededError) as over:   # the first instruction over the limit
+                    simulate(p, sched, limit)
+                assert over.value.index < emitted[0] <= len(sched.instructions)
+                stopped += emitted[0] < len(sched.instructions)
+                assert Bm._evaluate(fresh, dec, windows, limit=limit - 1) is None and len(emitted) == 1
+                again = Bm._evaluate(fresh, dec, windows, limit=full.peak_bytes)
+                assert len(emitted) == 2 and again is not None
+            else:
+                s, sim = got
+                assert s.instructions == sched.instructions and s.meta == sched.meta
+                assert (sim.peak_bytes, sim.peak_index, sim.time_s, sim.added_s) == \
+                       (full.peak_bytes, full.peak_index, full.time_s, full.added_s)
+                assert (sim.timeline_t == full.timeline_t).all() and (sim.timeline_bytes == full.timeline_bytes).all()
+                assert Bm._evaluate(fresh, dec, windows) is got and len(emitted) == 1   # the memo: not lowered again
+    assert stopped, "no plan was stopped before its end"
+
+
+@pytest.mark.parametrize("name", ["checkpoint-all", "chen-sqrt", "chen-greedy"])
+def test_stopping_a_plan_at_the_no_remat_peak_changes_no_answer(name, monkeypatch):
+    """Under the no-remat peak the checkpointing baselines lower a plan only until its peak reaches it
+    (``_stop_limit``): every solve gives the status, plan, stated minimum and message of building every plan
+    in whole, at budgets under, at and over the no-remat peak, on graphs where the baselines' plans peak
+    over it (random layered) and under it."""
+    from libra_opt import generators as G
+    from libra_opt.solvers import baselines as Bm
+
+    def answer(p, frac):
+        r = solve(p.replace(), int(frac * simulate(p).peak_bytes), name, raise_on_infeasible=False)
+        return r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None
+
+    problems = [G.random_layered_graph(80, seed=s) for s in range(3)] + _bound_problems()
+    budgets = (0.3, 0.5, 0.7, 0.9, 0.999, 1.0, 1.2)
+    lower_within, stops = Bm._lower_within, []
+    monkeypatch.setattr(Bm, "_lower_within", lambda *a: stops.append(lower_within(*a) is None) or lower_within(*a))
+    stopped = [answer(p, b) for p in problems for b in budgets]
+    assert any(stops), "no plan was stopped"
+    monkeypatch.setattr(Bm, "_stop_limit", lambda problem, budget_bytes: None)
+    whole = [answer(p, b) for p in problems for b in budgets]
+    assert stopped == whole
+    assert any(s == "infeasible" for s, *_ in whole) and any(s != "infeasible" for s, *_ in whole)

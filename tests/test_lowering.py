@@ -559,3 +559,26 @@ def test_policy_codes_round_trip_and_are_what_libra_stores():
     assert all(Policy.of_code(p.code) is p for p in Policy)
     with pytest.raises(KeyError):
         Policy.of_code(3)
+
+
+def test_watch_sees_each_prefix_and_its_exception_stops_the_lowering():
+    """``lower(..., watch=f)`` calls ``f`` after each node with the instructions so far: growing prefixes of
+    the schedule it returns, the last one the whole; an exception ``f`` raises propagates."""
+    from libra_opt import generators as G
+
+    p = G.random_layered_graph(30, seed=1)
+    ev = evictions_for(p, {s: Policy.RECOMPUTE for s in default_windows(p)})
+    seen = []
+    sched = lower(p, ev, watch=lambda out: seen.append(list(out)))
+    assert sched.instructions == lower(p, ev).instructions
+    assert len(seen) == p.num_nodes and seen[-1] == sched.instructions
+    assert all(a == b[:len(a)] and len(a) < len(b) for a, b in zip(seen, seen[1:]))
+
+    class Stop(Exception):
+        pass
+
+    def stop(out):
+        if len(out) > len(sched.instructions) // 2:
+            raise Stop
+    with pytest.raises(Stop):
+        lower(p, ev, watch=stop)

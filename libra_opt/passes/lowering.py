@@ -51,7 +51,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -315,7 +315,7 @@ class _Lowerer:
         return c[k] if k < len(c) else None
 
     # ----------------------------------------------------------------- emit
-    def run(self) -> Schedule:
+    def run(self, watch=None) -> Schedule:
         out: list[Instr] = []
         self.out = out
         self.resident: set[int] = set()
@@ -403,6 +403,8 @@ class _Lowerer:
                         append(Instr(SWAP_IN, int(s)))
                         arriving.add(s)
                         outgoing.discard(s)
+            if watch is not None:
+                watch(out)
         return Schedule(out)
 
     def _regenerate(self, i: int, needed: Iterable[int]) -> set[int]:
@@ -515,7 +517,8 @@ class _Lowerer:
         return any(ev.policy == Policy.SWAP for ev in self.windows.get(s, ()))
 
 
-def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, prefetch="auto") -> Schedule:
+def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, prefetch="auto",
+          watch: Callable[[list[Instr]], None] | None = None) -> Schedule:
     """Turn eviction (and retention) decisions into a schedule.
 
     Parameters
@@ -526,6 +529,14 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
         :class:`Retain` entries keep a tensor resident past its last use.
     prefetch : {"auto", "late"} or int
         Where swap-ins are issued (see the module docstring).
+    watch : callable (list of Instr) -> None, optional
+        Called after each node's instructions are emitted (its compute, the
+        chains before it, its frees, copies and waits), with the list of the
+        instructions emitted so far (the schedule's prefix, in order; not to
+        be modified).  An exception it raises stops the lowering and
+        propagates: a caller that simulates the prefix as it grows stops a
+        plan once it is over a budget, without lowering the rest
+        (``solvers.baselines``).
 
     Returns
     -------
@@ -546,7 +557,7 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
         non-recomputable node whose output has no host copy.
     """
     evictions = list(evictions)
-    sched = _Lowerer(problem, evictions, prefetch).run()
+    sched = _Lowerer(problem, evictions, prefetch).run(watch)
     sched.meta["evictions"] = [[e.storage, e.after, e.before, e.policy.value] for e in evictions
                                if isinstance(e, Eviction) and e.policy != Policy.KEEP]
     early = [[e.storage, e.before, list(e.regenerate)] for e in evictions if isinstance(e, Eviction) and e.regenerate]

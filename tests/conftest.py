@@ -98,6 +98,23 @@ def descend_calls(monkeypatch):
 
 
 @pytest.fixture
+def stopped_lowerings(monkeypatch):
+    """Records, per lowering of a baseline plan under a limit
+    (``solvers.baselines._lower_within``), whether it stopped at the limit
+    (True) or ran to the end (False)."""
+    from libra_opt.solvers import baselines
+
+    lower_within, stops = baselines._lower_within, []
+
+    def counted(*a):
+        got = lower_within(*a)
+        stops.append(got is None)
+        return got
+    monkeypatch.setattr(baselines, "_lower_within", counted)
+    return stops
+
+
+@pytest.fixture
 def tiny_problem():
     """Forward a = f(x): 100 B, 1 s; b = g(a): 100 B, 1 s.  Backward gb = h(b): 100 B, 1 s;
     ga = k(gb, a): 10 B, 1 s.  Output ga.  Parameters: 1000 B.  No-remat peak 300 B."""

@@ -332,3 +332,26 @@ def test_below_the_floor_the_tightening_rounds_rewind_one_set_of_descents(make, 
     m = fresh.value.min_feasible_bytes
     assert rewound.value.min_feasible_bytes == m
     assert_fits(p, solver.solve(p, m))
+
+
+@pytest.mark.parametrize("policy", ["recompute", "hybrid"])
+def test_the_portfolio_lowers_a_baseline_plan_only_to_the_no_remat_peak_and_answers_the_same(policy, monkeypatch, stopped_lowerings):
+    """libra's baseline pool lowers a plan only until its peak reaches the no-remat peak (or the budget,
+    where higher): on random layered graphs, where the checkpointing baselines' plans peak above it, some
+    plans are stopped, and every solve (planned and infeasible) gives the plan, status, message and stated
+    minimum of lowering every plan in whole."""
+    from libra_opt.solvers.libra import solver as S
+
+    def answer(p, frac):
+        r = get_solver("libra", policy=policy).solve(p.replace(), frac, raise_on_infeasible=False)
+        return r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None
+
+    problems = [random_layered_graph(60, seed=s) for s in (0, 3)]
+    budgets = (0.9, 0.6, 0.3)
+    stopped = [answer(p, b) for p in problems for b in budgets]
+    assert any(stopped_lowerings), "no baseline plan was stopped"
+    plans = S._BaselinePool.plans
+    monkeypatch.setattr(S._BaselinePool, "plans", lambda self, name, below=None, limit=None: plans(self, name, below))
+    whole = [answer(p, b) for p in problems for b in budgets]
+    assert stopped == whole
+    assert {s for s, *_ in whole} >= {"infeasible"} and len({s for s, *_ in whole}) > 1

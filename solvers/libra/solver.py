@@ -321,11 +321,17 @@ class _BaselinePool:
     plan is lowered and simulated only when asked for and, when compared with
     a plan of the descents, only where its lower bound on added time
     (:class:`~libra_opt.solvers.baselines.BaselineCandidate`) is below that
-    plan's: one that cannot be cheaper is never built."""
+    plan's: one that cannot be cheaper is never built.  A plan is lowered
+    only until its peak reaches the no-remat peak (or the budget, where that
+    is higher: :meth:`BaselineCandidate.plan_within`): past it, it neither
+    meets a budget under that peak nor lowers a stated minimum (the descents
+    always meet the no-remat peak).  The checkpointing baselines' plans on
+    single-phase graphs peak over it (``random_layered_gen_n1000``: 1.08x)."""
 
     def __init__(self, problem: RematProblem):
         self.problem = problem
         self.floor = memory_lower_bound(problem)   # below it nothing fits: no baseline is built
+        self.limit = no_remat_peak(problem) - 1   # a plan over it is of no use under that peak
         self._cands: dict[str, list[BaselineCandidate]] = problem.tables.memo(
             "libra.baseline_plans", dict)   # budget-independent: built once per problem, shared by later solves
 
@@ -343,19 +349,23 @@ class _BaselinePool:
                 self._failed(name, e)
         return self._cands[name]
 
-    def plans(self, name: str, below: float | None = None) -> list[BaselinePlan]:
+    def plans(self, name: str, below: float | None = None, limit: int | None = None) -> list[BaselinePlan]:
         """The plans of baseline ``name`` (built on first use); with ``below``
-        (seconds), only those whose lower bound on added time is under it.
-        None (logged) where building one fails."""
+        (seconds), only those whose lower bound on added time is under it;
+        with ``limit`` (bytes), those whose simulated peak is over it may be
+        left out (:meth:`BaselineCandidate.plan_within`).  None (logged)
+        where building one fails."""
         out = []
         for c in self.candidates(name):
             if below is not None and c.cannot_beat(below, self.problem.total_compute_s):
                 continue   # its added time is at least the bound: never cheaper than ``below``
             try:
-                out.append(c.plan())
+                p = c.plan_within(limit)
             except Exception as e:   # as in candidates()
                 self._failed(name, e)
                 return []
+            if p is not None:
+                out.append(p)
         return out
 
     def best(self, names: Sequence[str], budget: int, below: float | None = None) -> tuple[str, BaselinePlan] | None:
@@ -363,14 +373,20 @@ class _BaselinePool:
         ``budget`` bytes; with ``below`` (seconds), the plans whose lower bound
         is not under it are left out (so the answer is the same wherever the
         cheapest plan is cheaper than ``below``)."""
-        fit = [(p.simulation.added_s, k, name, p) for k, name in enumerate(names) for p in self.plans(name, below)
-               if p.simulation.peak_bytes <= budget]
+        limit = max(budget, self.limit)
+        fit = [(p.simulation.added_s, k, name, p) for k, name in enumerate(names)
+               for p in self.plans(name, below, limit) if p.simulation.peak_bytes <= budget]
         return min(fit, key=lambda c: c[:2])[2:] if fit else None
 
-    def min_peak(self, names: Sequence[str]) -> int | None:
-        """The smallest simulated peak among the plans of ``names`` (bytes)."""
-        peaks = [p.simulation.peak_bytes for name in names for p in self.plans(name)]
-        return min(peaks) if peaks else None
+    def min_peak(self, names: Sequence[str], under: int) -> int | None:
+        """The smallest simulated peak among the plans of ``names`` (bytes)
+        if one is under ``under`` (bytes: the least a caller has found), else
+        ``None`` (plans are lowered only until their peak reaches it, or the
+        no-remat peak where that is higher)."""
+        peaks = [p.simulation.peak_bytes for name in names
+                 for p in self.plans(name, limit=max(under - 1, self.limit))]
+        least = min(peaks, default=under)
+        return least if least < under else None
 
 
 class _BulkSwapRefiner(OneMoveRefiner):
@@ -834,8 +850,8 @@ class LibraSolver(Solver):
         o = self.options
         least = no_remat_peak(problem)
         if pool is not None:
-            least = min(least, pool.min_peak(RECOMPUTE_BASELINES if o.policy == "recompute" else REACH_BASELINES)
-                        or least)
+            least = pool.min_peak(RECOMPUTE_BASELINES if o.policy == "recompute" else REACH_BASELINES,
+                                  least) or least
         return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
     def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None,
@@ -1055,7 +1071,7 @@ class LibraSolver(Solver):
             return found
         least = min(ref.min_feasible_bytes() for ref in refs)
         if pool is not None:
-            least = min(least, pool.min_peak(RECOMPUTE_BASELINES if recompute else REACH_BASELINES) or least)
+            least = pool.min_peak(RECOMPUTE_BASELINES if recompute else REACH_BASELINES, least) or least
         raise InfeasibleBudgetError(budget, least, self.name,
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))

@@ -144,7 +144,7 @@ def out_waits(N: int, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, n
     Returns (copy end per unique storage in queue order, shape ``(U,)``;
     stall per swap, shape ``(n,)``; stall per position, shape ``(N,)``)."""
     wq = wt[first][o]                  # wait position per copy, in queue order
-    ks = np.flatnonzero(wq >= 0)
+    ks = (wq >= 0).nonzero()[0]
     ks = ks[np.lexsort((ks, wq[ks]))]  # waits in the order the compute stream meets them
     wpos = wq[ks]
     start_w = (T - regen_time)[wpos]
@@ -159,10 +159,11 @@ def out_waits(N: int, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, n
         D = np.maximum.accumulate(np.maximum(ends[ks] - start_w, 0.0))
         Dk_new = np.zeros(len(m_at))
         Dk_new[before] = D[m_idx]
-        if np.array_equal(Dk_new, Dk):   # the next round would give the same ends and D: the fixed point
+        if (Dk_new == Dk).all():   # the next round would give the same ends and D: the fixed point
             break
         Dk = Dk_new
-    st = np.diff(D, prepend=0.0)
+    st = D.copy()   # the stall at each wait: the rise of D there (np.diff's values, without its wrapper)
+    st[1:] -= D[:-1]
     stall_pos = np.zeros(N)
     np.add.at(stall_pos, wpos, st)
     stall = np.zeros(n)
@@ -347,9 +348,11 @@ def h2d_stalls(o_in: np.ndarray, o_wait: np.ndarray, wpos: np.ndarray, pos: np.n
         D = np.maximum.accumulate(np.maximum(arrive[o_wait] - wa, 0.0))
         Dk_new = np.zeros(n)
         Dk_new[before] = D[m_idx]
-        if np.array_equal(Dk_new, Dk):   # the next round would give the same arrivals: the fixed point
+        if (Dk_new == Dk).all():   # the next round would give the same arrivals: the fixed point
+            rise = D.copy()
+            rise[1:] -= D[:-1]
             stall = np.empty(n)
-            stall[o_wait] = np.diff(D, prepend=0.0)
+            stall[o_wait] = rise
             return stall
         Dk = Dk_new
         arrive = np.empty(n)

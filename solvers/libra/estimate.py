@@ -472,18 +472,18 @@ class Timeline:
         swapped storage moved relative to its prefetch.  Returns whether any was."""
         st = self.state
         st.C += st.swap.removal - layer.removal
-        old_pos = st.pos
+        ids, prefetch = layer.ids, layer.prefetch
+        was = st.sw_pos[ids]   # -1: not swapped before (st.pos has no entry)
+        moved = (was != prefetch).nonzero()[0]
         st.swap = layer
-        st.pos = dict(zip(layer.ids.tolist(), layer.prefetch.tolist()))
+        st.pos = dict(zip(ids.tolist(), prefetch.tolist()))
         st.sw_r0[:] = self.tables.N + 1
         st.sw_pos[:] = -1
-        st.sw_r0[layer.ids] = layer.r0
-        st.sw_pos[layer.ids] = layer.prefetch
+        st.sw_r0[ids] = layer.r0
+        st.sw_pos[ids] = prefetch
         pts: set[int] = set()
-        for k, v in st.pos.items():
-            was = old_pos.get(k)
-            if was != v:
-                self._add_crossed(pts, k, was, v)
+        for k, w, v in zip(ids[moved].tolist(), was[moved].tolist(), prefetch[moved].tolist()):
+            self._add_crossed(pts, k, None if w < 0 else w, v)
         self.replay(pts)
         return bool(pts)
 

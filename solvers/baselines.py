@@ -314,10 +314,16 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     return got
 
 
+#: instructions the lowering emits between two runs of the simulator in :func:`_lower_within` (a
+#: run per node cost more than the stop saves on plans that pass the limit late)
+_WALK_CHUNK = 2048
+
+
 def _lower_within(problem: RematProblem, evictions, prefetch, limit: int) -> tuple[Schedule, SimulationResult] | None:
     """:func:`_evaluate`'s lowering under a limit: the simulator
     (:class:`~libra_opt.passes.simulator.Simulator` with ``limit`` as its
-    budget) runs each node's instructions as the lowering emits them
+    budget) runs the instructions as the lowering emits them, about
+    :data:`_WALK_CHUNK` at a time
     (:meth:`~libra_opt.passes.interpreter.ScheduleInterpreter.walk` in parts);
     ``None`` once it raises :class:`BudgetExceededError`.  A plan under the
     limit gets the result :func:`simulate` gives it."""
@@ -327,14 +333,15 @@ def _lower_within(problem: RematProblem, evictions, prefetch, limit: int) -> tup
 
     def watch(out):
         nonlocal done
-        sim.walk(out[done:], done)
-        done = len(out)
+        if len(out) - done >= _WALK_CHUNK:
+            sim.walk(out[done:], done)
+            done = len(out)
 
     try:
         sched = lower(problem, evictions, prefetch=prefetch, watch=watch)
+        sim.walk(sched.instructions[done:], done)   # the last instructions, fewer than a chunk
     except BudgetExceededError:
         return None
-    sim.walk(sched.instructions[done:], done)   # empty: watch ran after the last node
     sim.index = len(sched.instructions)
     return sched, sim.finish()
 
@@ -573,7 +580,7 @@ class BaselineCandidate:
         be cheaper nor tie, so it need not be built.
     """
 
-    __slots__ = ("added_s_bound", "_build", "_plan")
+    __slots__ = ("added_s_bound", "_build", "_plan", "_over")
 
     #: relative slack on the bound (the simulator sums the times in another order than the bound)
     BOUND_SLACK = 1e-9
@@ -582,6 +589,7 @@ class BaselineCandidate:
         self.added_s_bound = float(added_s_bound)
         self._build = build
         self._plan: BaselinePlan | None = None
+        self._over = -1   # the largest limit (bytes) the plan's peak is known to be over (-1: none)
 
     def cannot_beat(self, added_s: float, total_compute_s: float) -> bool:
         """Whether the plan's simulated added time is certainly above
@@ -599,8 +607,11 @@ class BaselineCandidate:
         (bytes; ``None``: no limit) and it was not built before (see the class
         docstring)."""
         if self._plan is None:
+            if limit is not None and limit <= self._over:
+                return None
             plan = self._build(limit)
             if plan is None:
+                self._over = limit
                 return None
             self._plan, self._build = plan, None
         return self._plan

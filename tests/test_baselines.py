@@ -445,11 +445,12 @@ def _checkpoint_all_decisions(p):
     return safe_recompute_decisions(p, windows, windows), windows
 
 
-def test_a_limit_stops_the_lowering_only_of_a_plan_over_it(monkeypatch):
+@pytest.mark.parametrize("chunk", [1, None])
+def test_a_limit_stops_the_lowering_only_of_a_plan_over_it(chunk, monkeypatch):
     """``_evaluate(limit=L)`` returns ``None`` exactly where the whole plan's simulated peak is over ``L``,
     having lowered only a prefix of it; under ``L`` it returns the schedule and simulation that lowering then
     simulating give.  A plan found over a limit is not lowered again for a limit at most that one, and is
-    for a higher one or none."""
+    for a higher one or none.  With the simulator run after every node, some plans stop before their end."""
     from libra_opt import generators as G
     from libra_opt.solvers import baselines as Bm
 
@@ -464,6 +465,8 @@ def test_a_limit_stops_the_lowering_only_of_a_plan_over_it(monkeypatch):
         return lower(problem, evictions, prefetch=prefetch, watch=None if watch is None else w)
 
     monkeypatch.setattr(Bm, "lower", spy_lower)
+    if chunk is not None:   # the simulator runs after every node (by default: every _WALK_CHUNK instructions)
+        monkeypatch.setattr(Bm, "_WALK_CHUNK", chunk)
     stopped = 0
     for p in _bound_problems() + [G.random_layered_graph(60, seed=2)]:
         dec, windows = _checkpoint_all_decisions(p)
@@ -490,7 +493,7 @@ def test_a_limit_stops_the_lowering_only_of_a_plan_over_it(monkeypatch):
                        (full.peak_bytes, full.peak_index, full.time_s, full.added_s)
                 assert (sim.timeline_t == full.timeline_t).all() and (sim.timeline_bytes == full.timeline_bytes).all()
                 assert Bm._evaluate(fresh, dec, windows) is got and len(emitted) == 1   # the memo: not lowered again
-    assert stopped, "no plan was stopped before its end"
+    assert stopped or chunk is None, "no plan was stopped before its end"
 
 
 @pytest.mark.parametrize("name", ["checkpoint-all", "chen-sqrt", "chen-greedy"])
@@ -514,3 +517,20 @@ def test_stopping_a_plan_at_the_no_remat_peak_changes_no_answer(name, monkeypatc
     whole = [answer(p, b) for p in problems for b in budgets]
     assert stopped == whole
     assert any(s == "infeasible" for s, *_ in whole) and any(s != "infeasible" for s, *_ in whole)
+
+
+def test_a_candidate_over_a_limit_is_not_built_again_for_a_limit_at_most_that_one():
+    """``BaselineCandidate.plan_within``: a plan found over a limit answers ``None`` for any lower limit
+    without building again; a higher limit builds it, and once built it is returned whatever the limit."""
+    from libra_opt import generators as G
+    from libra_opt.solvers.baselines import BaselineCandidate
+
+    p = G.random_layered_graph(60, seed=2)
+    peak = next(CheckpointAllSolver().candidates(p.replace())).plan().simulation.peak_bytes
+    first = next(CheckpointAllSolver().candidates(p))
+    build, calls = first._build, []
+    c = BaselineCandidate(lambda limit: calls.append(limit) or build(limit), first.added_s_bound)
+    assert c.plan_within(peak - 1) is None and c.plan_within(peak // 2) is None and calls == [peak - 1]
+    got = c.plan_within(peak)
+    assert got is not None and got.simulation.peak_bytes == peak and calls == [peak - 1, peak]
+    assert c.plan_within(0) is got and c.plan() is got and len(calls) == 2

@@ -262,10 +262,10 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     (bytes) is given and the plan's simulated peak is over it.
 
     With a ``limit``, the plan is simulated as it is lowered (the lowering's
-    ``watch``, after each node) and both stop at the first instruction that
-    takes memory over ``limit``: a caller that only needs to know whether the
-    plan fits, or its peak where that is under some other plan's, does not
-    lower the rest.  On a 1,000-node random layered graph ``checkpoint-all``'s
+    ``watch``; :func:`_lower_within`) and both stop soon after the first
+    instruction that takes memory over ``limit``: a caller that only needs
+    to know whether the plan fits, or its peak where that is under some
+    other plan's, does not lower the rest.  On a 1,000-node random layered graph ``checkpoint-all``'s
     plan passes the no-remat peak at instruction 366,510 of 500,277.
 
     Lowering and simulating are nearly all of a baseline's solve time (the

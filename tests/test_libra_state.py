@@ -91,6 +91,23 @@ def test_copy_is_independent_of_its_original(seed):
     assert tl.peak()[0] == simulate(p, lower(p, tl.evictions())).peak_bytes
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_the_swap_count_is_the_number_of_swapped_windows(seed):
+    """``n_swap`` (which lets a chain skip the swap-in test where nothing is swapped) counts the windows
+    whose policy is SWAP after decisions are taken, changed and undone, in a copy and in its original."""
+    p, wins, tl, rng = decided(seed)
+    assert tl.state.n_swap == int((tl.state.pol == SWAP).sum())
+    assert tl.state.n_swap > 0 or seed % 2   # the two-phase problems take swaps
+    new = tl.copy()
+    for j in range(len(wins)):
+        if tl.state.pol[j] or (rng.random() < 0.5 and not new.state.s_win.get(int(new.windows.w_s[j]))):
+            new.apply(j, 0 if tl.state.pol[j] else REC if seed % 2 else rng.choice([REC, SWAP]))
+            assert new.state.n_swap == int((new.state.pol == SWAP).sum())
+    assert tl.state.n_swap == int((tl.state.pol == SWAP).sum())
+    tl.reset()
+    assert tl.state.n_swap == 0
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_reset_gives_the_no_remat_plan(seed):
     """After decisions and an early window end, reset() puts every field back to a fresh timeline's."""

@@ -156,6 +156,11 @@ def early_targets(st, q: int) -> list[int]:
     return out
 
 
+def _never(t: int) -> bool:
+    """``regeneration_steps``' ``by_swap`` where no window is swapped."""
+    return False
+
+
 def chain_at(pt, wt, st, q: int) -> Chain | None:
     """The recomputation chain before node ``q`` under the state's current
     (or hypothetical, ``st.hyp``) decisions; ``None`` if node ``q`` needs
@@ -200,6 +205,9 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
         (``is_missing`` has cached its state)."""
         return t == tsto[t] and (cache[t] == ARRIVING or has_swap(st, t))
 
+    h = st.hyp
+    if st.n_swap == 0 and (h is None or h.policy != SWAP):
+        by_swap = _never   # no window swapped (nor arriving): every missing tensor is recomputed
     steps, pending = regeneration_steps(needed, missing, is_missing, by_swap, pt.t_prod, n_inputs)
     made: set[int] = set()
     resident: set[int] = set()      # tensors made resident by the chain (a subset of made)

@@ -376,6 +376,7 @@ class Timeline:
             st.C[a + 1:b] -= nbytes
         st.pol[j] = policy
         st.pol_l[j] = policy
+        st.n_swap += (policy == SWAP) - (old == SWAP)
         st.floor[j] = eff.floor
         st.wait[j] = eff.wait
         ws = st.s_win.setdefault(s, [])

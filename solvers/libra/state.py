@@ -112,6 +112,8 @@ FIELDS: tuple[Field, ...] = (
           "int8 (W,): policy per window (KEEP, REC, SWAP of .codes)"),
     Field("pol_l", lambda pt, wt: [KEEP] * wt.nw, list_copy,
           "list (W,): mirror of pol for scalar reads in the hot loops"),
+    Field("n_swap", lambda pt, wt: 0, shared,
+          "int: windows whose policy is SWAP (0: nothing comes back by a swap-in)"),
     Field("floor", lambda pt, wt: np.zeros(wt.nw, dtype=np.int64), array_copy,
           "int64 (W,): per swap, its swap-in is issued no earlier than after this position (0: none)"),
     Field("wait", lambda pt, wt: np.full(wt.nw, -1, dtype=np.int64), array_copy,

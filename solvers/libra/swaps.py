@@ -331,13 +331,12 @@ def h2d_stalls(o_in: np.ndarray, o_wait: np.ndarray, wpos: np.ndarray, pos: np.n
     of 4,805 on ResNet-50 took 110); after :data:`H2D_ROUNDS`, or where a
     copy would be issued at or after its own wait, the queue is replayed
     one copy at a time (:func:`replay_h2d`)."""
-    n = len(o_in)
-    p_in = pos[o_in]
     if (pos >= wpos).any():   # the replay's order of events does not hold: replay it
         return replay_h2d(o_in.tolist(), o_wait.tolist(), wpos.tolist(), pos.tolist(), wait_at.tolist(),
                           issue_at.tolist(), d_in.tolist(), host.tolist())
+    n = len(o_in)
     wa = wait_at[o_wait]
-    m = wpos[o_wait].searchsorted(p_in, side="right") - 1   # the last wait met before each copy's issue
+    m = wpos[o_wait].searchsorted(pos[o_in], side="right") - 1   # the last wait met before each copy's issue
     before = m >= 0
     m_idx = m[before]
     d = d_in[o_in]

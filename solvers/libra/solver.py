@@ -378,15 +378,13 @@ class _BaselinePool:
                for p in self.plans(name, below, limit) if p.simulation.peak_bytes <= budget]
         return min(fit, key=lambda c: c[:2])[2:] if fit else None
 
-    def min_peak(self, names: Sequence[str], under: int) -> int | None:
-        """The smallest simulated peak among the plans of ``names`` (bytes)
-        if one is under ``under`` (bytes: the least a caller has found), else
-        ``None`` (plans are lowered only until their peak reaches it, or the
-        no-remat peak where that is higher)."""
-        peaks = [p.simulation.peak_bytes for name in names
-                 for p in self.plans(name, limit=max(under - 1, self.limit))]
-        least = min(peaks, default=under)
-        return least if least < under else None
+    def min_peak(self, names: Sequence[str], under: int) -> int:
+        """The least of ``under`` (bytes: the least peak a caller has found)
+        and the simulated peaks of the plans of ``names`` (bytes; plans are
+        lowered only until their peak reaches ``under``, or the no-remat peak
+        where that is higher)."""
+        return min([under, *(p.simulation.peak_bytes for name in names
+                             for p in self.plans(name, limit=max(under - 1, self.limit)))])
 
 
 class _BulkSwapRefiner(OneMoveRefiner):
@@ -850,8 +848,7 @@ class LibraSolver(Solver):
         o = self.options
         least = no_remat_peak(problem)
         if pool is not None:
-            least = pool.min_peak(RECOMPUTE_BASELINES if o.policy == "recompute" else REACH_BASELINES,
-                                  least) or least
+            least = pool.min_peak(RECOMPUTE_BASELINES if o.policy == "recompute" else REACH_BASELINES, least)
         return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
     def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None,
@@ -1071,7 +1068,7 @@ class LibraSolver(Solver):
             return found
         least = min(ref.min_feasible_bytes() for ref in refs)
         if pool is not None:
-            least = pool.min_peak(RECOMPUTE_BASELINES if recompute else REACH_BASELINES, least) or least
+            least = pool.min_peak(RECOMPUTE_BASELINES if recompute else REACH_BASELINES, least)
         raise InfeasibleBudgetError(budget, least, self.name,
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))

@@ -629,9 +629,9 @@ class Refiner:
             hi = max(rets.values())
             pos = np.arange(lo, hi + 1)
             vals = tl.memory()[lo:hi + 1] - np.where((a < pos) & (pos < b), nbytes, 0)
-            for i, q in enumerate(pos.tolist()):
-                if q in e2.chains:
-                    vals[i] = tl.new_value_at(j, REC, e2, q)
+            for q in e2.chains:   # the positions whose chain changes (a few, of thousands in the range)
+                if lo <= q <= hi:
+                    vals[q - lo] = tl.new_value_at(j, REC, e2, q)
             hold = int(vals.max()) if len(vals) else 0
             if limit is None or max(e2.raised_max, hold) < limit:
                 ok.append(_Option(max(cost, 0.0), False, 0, REC, e2, m_p - newp, None,

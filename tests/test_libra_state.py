@@ -1,7 +1,8 @@
 """The libra estimate's parts: a copy of a timeline is independent of its
 original in every declared state field, the generated reset gives the
-no-remat plan again, and the estimate's modules import one another without a
-cycle (none imports ``estimate.py``)."""
+no-remat plan again, the chain memo returns only what a replay gives, and the
+estimate's modules import one another without a cycle (none imports
+``estimate.py``)."""
 from __future__ import annotations
 
 import ast
@@ -13,6 +14,7 @@ import pytest
 
 from libra_opt.passes.lowering import all_windows, default_windows, lower
 from libra_opt.passes.simulator import simulate
+from libra_opt.solvers.libra.chains import ChainMemo
 from libra_opt.solvers.libra.estimate import REC, SWAP, Timeline
 from libra_opt.solvers.libra.state import FIELDS, TimelineState
 
@@ -34,7 +36,7 @@ def snapshot(st: TimelineState) -> dict:
         if isinstance(v, set):
             return ("set", sorted(v))
         return ("value", repr(v))
-    return {f.name: freeze(getattr(st, f.name)) for f in FIELDS}
+    return {f.name: freeze(getattr(st, f.name)) for f in FIELDS if not f.cache}   # a cache's content is no state
 
 
 def decided(seed):
@@ -106,6 +108,69 @@ def test_the_swap_count_is_the_number_of_swapped_windows(seed):
     assert tl.state.n_swap == int((tl.state.pol == SWAP).sum())
     tl.reset()
     assert tl.state.n_swap == 0
+
+
+def _without_memo(tl, f):
+    """``f(tl)`` with an empty chain memo (every chain replayed), the timeline's memo put back after."""
+    memo = tl.state.memo
+    tl.state.memo = ChainMemo()
+    try:
+        return f(tl)
+    finally:
+        tl.state.memo = memo
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_remembered_chain_is_the_chain_a_replay_gives(seed):
+    """The chain memo (``state.memo``, shared by a timeline's copies) gives, before every position and under the
+    hypotheses ``evaluate`` replays, the chain a replay with nothing remembered gives: after decisions are taken,
+    undone and switched, a window end moved and a tensor retained, in a copy and in its original, whose states
+    differ while their memo is one; and it answers from what it holds."""
+    p, wins, tl, rng = decided(seed)
+    found = 0
+
+    def check(t):
+        nonlocal found
+        for q in range(t.tables.N):
+            held = {id(e[-1]) for es in t.state.memo.entries.values() for e in es}
+            ch = t.chain_at(q)
+            assert ch == _without_memo(t, lambda u: u.chain_at(q)), q
+            found += ch is not None and id(ch) in held
+
+    check(tl)
+    check(tl)
+    assert found > 0 or not tl.state.chains
+    new = tl.copy()
+    assert new.state.memo is tl.state.memo
+    for _ in range(10):
+        j = rng.randrange(len(wins))
+        s = int(new.windows.w_s[j])
+        if new.state.pol[j]:
+            pol = 0 if rng.random() < 0.5 or seed % 2 else (REC if new.state.pol[j] == SWAP else SWAP)
+            if pol and any(k != j for k in new.state.s_win.get(s, ())):
+                pol = 0
+        elif new.state.s_win.get(s) or (seed % 2 and not new.windows.w_rec_ok[j]):
+            continue
+        else:
+            pol = REC if seed % 2 else rng.choice([REC, SWAP])
+        eff = new.evaluate(j, pol)
+        ref = _without_memo(new, lambda u: u.evaluate(j, pol))
+        assert eff.chains == ref.chains and eff.cost_s == ref.cost_s and eff.raised_max == ref.raised_max
+        new.apply(j, pol)
+        check(new)
+        check(tl)
+    k = next((k for k, (s, a, b) in enumerate(wins) if b - a >= 3 and not new.state.pol[k]), None)
+    if k is not None:   # an earlier window end
+        s, a, b = wins[k]
+        new.set_before(k, b - 1, new.tensors_read_at(s, b))
+        check(new)
+    for q, ch in sorted(new.state.chains.items()):   # a retention
+        ts = [t for t in (ch.made if ch else ()) if new.state.t_last_eff[t] < q and new.retainable(t)]
+        if ts:
+            new.retain(ts[0], q)
+            check(new)
+            break
+    check(tl)
 
 
 @pytest.mark.parametrize("seed", range(3))

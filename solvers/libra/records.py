@@ -24,6 +24,7 @@ import numpy as np
 from libra_opt.ir.problem import RematProblem
 from libra_opt.passes.lowering import all_windows, default_windows
 
+from .chains import ChainMemo
 from .estimate import Timeline
 
 
@@ -297,7 +298,9 @@ def fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
         else:
             wins = sorted(all_windows(problem))
         per[key] = Timeline(problem, wins, margin)
-    return per[key].copy()
+    tl = per[key].copy()
+    tl.state.memo = ChainMemo()   # a cache of this descent's own (not of every solve of the problem)
+    return tl
 
 
 __all__ = ["Shrink", "Merge", "RetainInputs", "Move", "OptionCosts", "Snapshot", "Prepared", "FinishedPlan", "fresh_timeline", "Evaluator", "HasProblem"]

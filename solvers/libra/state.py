@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .chains import ChainMemo
 from .codes import KEEP, NEG
 from .swaps import empty_swap_layer
 from .tables import ProblemTables, WindowTables
@@ -97,12 +98,17 @@ class Field:
         ``copy(value, state)`` -> the value in an independent copy (one of the copy rules above).
     doc : str
         What the field holds, with units.
+    cache : bool
+        A cache, not state: what it holds is checked against the state
+        before use, so no plan depends on its content (it may be shared
+        by copies and grow while the state does not change).
     """
 
     name: str
     init: Callable[[ProblemTables, WindowTables], Any]
     copy: Callable[[Any, Any], Any]
     doc: str
+    cache: bool = False
 
 
 #: every field of the timeline state, in reset order
@@ -185,6 +191,10 @@ FIELDS: tuple[Field, ...] = (
           "position -> chain before a Timeline.recording block, or None (a copy records nothing)"),
     Field("version", lambda pt, wt: 0, shared,
           "int: counts the changes applied"),
+    # caches
+    Field("memo", lambda pt, wt: ChainMemo(), shared,
+          "ChainMemo: chains replayed before with the state queries they answer (a cache shared by copies, "
+          "each entry checked against the state that reads it)", cache=True),
 )
 
 

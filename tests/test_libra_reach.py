@@ -335,21 +335,35 @@ def test_below_the_floor_the_tightening_rounds_rewind_one_set_of_descents(make, 
 
 
 @pytest.mark.parametrize("policy", ["recompute", "hybrid"])
-def test_the_portfolio_lowers_a_baseline_plan_only_to_the_no_remat_peak_and_answers_the_same(policy, monkeypatch, stopped_lowerings):
+def test_the_portfolio_lowers_a_baseline_plan_only_as_far_as_it_can_matter_and_answers_the_same(
+        policy, monkeypatch, stopped_lowerings):
     """libra's baseline pool lowers a plan only until its peak reaches the no-remat peak (or the budget,
-    where higher): on random layered graphs, where the checkpointing baselines' plans peak above it, some
-    plans are stopped, and every solve (planned and infeasible) gives the plan, status, message and stated
-    minimum of lowering every plan in whole."""
+    where higher), and where no descent meets the budget, only until it reaches the least peak the descents
+    meet: on random layered graphs, where the checkpointing baselines' plans peak above the no-remat peak,
+    some plans are stopped (recompute-only: some under the no-remat peak), and every solve (planned and
+    infeasible) gives the plan, status, message and stated minimum of lowering every plan in whole."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import baselines
     from libra_opt.solvers.libra import solver as S
+
+    lower_within, under_peak = baselines._lower_within, []
+
+    def limited(problem, evictions, prefetch, limit):
+        got = lower_within(problem, evictions, prefetch, limit)
+        under_peak.append(got is None and limit < no_remat_peak(problem) - 1)
+        return got
+    monkeypatch.setattr(baselines, "_lower_within", limited)
 
     def answer(p, frac):
         r = get_solver("libra", policy=policy).solve(p.replace(), frac, raise_on_infeasible=False)
         return r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None
 
     problems = [random_layered_graph(60, seed=s) for s in (0, 3)]
-    budgets = (0.9, 0.6, 0.3)
+    budgets = (0.9, 0.72, 0.695, 0.6, 0.3)   # recompute-only: 0.72 / 0.695 over the memory floor, under its least
     stopped = [answer(p, b) for p in problems for b in budgets]
     assert any(stopped_lowerings), "no baseline plan was stopped"
+    if policy == "recompute":   # (hybrid plans every budget over the floor on these graphs)
+        assert any(under_peak), "no baseline plan was stopped at the descents' least peak"
     plans = S._BaselinePool.plans
     monkeypatch.setattr(S._BaselinePool, "plans", lambda self, name, below=None, limit=None: plans(self, name, below))
     whole = [answer(p, b) for p in problems for b in budgets]

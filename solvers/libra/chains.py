@@ -22,6 +22,7 @@ recomputation with freeing, as implemented by :mod:`libra_opt.passes.lowering`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import itemgetter
 
 from libra_opt.passes.regeneration import dropped_after_step, regeneration_steps
 
@@ -193,25 +194,32 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
 MEMO_MAX_QUERIES = 500_000
 #: chains kept per position (and ``plain`` flag), the latest first
 MEMO_PER_POSITION = 32
+#: chains whose replay asked fewer state queries are not kept: checking one costs about what replaying it
+#: does, and most checks fail (kept, they made the hybrid solves of the 56-node U-Net and the 60-node VGG
+#: segmentation graph 5-9% slower)
+MEMO_MIN_QUERIES = 16
 
 
 class ChainMemo:
     """Chains replayed before, each with the answers to the state queries it
     was built from: ``entries[(q, plain)]`` is a list of tuples ``(tensors,
-    states, used, storages, offs, bases, swapped, early, chain)`` (the
-    tensors whose :func:`tensor_state` was asked and the answers, whether each
-    one's last use is at or before ``q``; the storages whose
+    states, last_of, last, storages, offs, bases, swapped, early, chain)``
+    (the tensors whose :func:`tensor_state` was asked and the answers, a
+    getter of their entries of ``st.t_last_eff`` and those entries: the drop
+    rule reads whether a tensor's last use is at or before ``q``, an equal
+    last use gives the same answer; the storages whose
     :func:`storage_off` was asked and the answers; the tensors whose
     :func:`has_swap` was asked and the answers; :func:`early_targets`'
     answer; the chain), at most :data:`MEMO_PER_POSITION` per key, at most
-    :data:`MEMO_MAX_QUERIES` tensor queries in all (then emptied).
+    :data:`MEMO_MAX_QUERIES` tensor queries in all (then emptied), only
+    chains of at least :data:`MEMO_MIN_QUERIES` queries.
 
     A cache, not part of the plan: shared by a timeline's copies (each
     checks an entry against its own state), and a new one for each new or
     reset timeline (``records.fresh_timeline`` gives each descent its own).
     Random layered graph of 1,000 nodes, recompute-only at 0.8 of its peak:
-    1,974 of the 4,293 chains a solve asks for are found here (chains of
-    about 200 steps), and the solve takes 2.1 CPU s instead of 3.0."""
+    955 of the 4,293 chains a solve asks for are found here (chains of
+    about 200 steps), and the solve takes 2.2 CPU s instead of 3.1."""
 
     __slots__ = ("entries", "size")
 
@@ -238,14 +246,12 @@ class ChainMemo:
 def _holds(pt, wt, st, q: int, e: tuple) -> bool:
     """Whether every state query of memo entry ``e`` (:class:`ChainMemo`)
     gets the same answer now, for the chain before position ``q``."""
-    tensors, states, used, storages, offs, bases, swapped, early, _ = e
+    tensors, states, last_of, last, storages, offs, bases, swapped, early, _ = e
     js = st.early_at.get(q)
     if (tuple(early_targets(st, q)) if js else ()) != early:
         return False
-    last = st.t_last_eff
-    for t, u in zip(tensors, used):
-        if (last[t] <= q) != u:
-            return False
+    if last_of(st.t_last_eff) != last:
+        return False
     ts = tensor_state
     for t, v in zip(tensors, states):
         if ts(pt, wt, st, t, q) != v:
@@ -262,7 +268,7 @@ def _holds(pt, wt, st, q: int, e: tuple) -> bool:
 def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Chain | None:
     """:func:`chain_at`'s replay (``plain``: no tensor comes back by a
     swap-in), kept in ``memo`` under ``key`` with the answers it was built
-    from."""
+    from where it asked at least :data:`MEMO_MIN_QUERIES` queries."""
     n_inputs = pt.n_inputs
     needed = n_inputs[q]
     early = ()
@@ -416,9 +422,12 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
         touched.add(tsto[t])
     ch = Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
                tuple(sorted(made)))
+    if len(cache) < MEMO_MIN_QUERIES:
+        return ch
     tensors = tuple(cache)
-    memo.add(key, (tensors, tuple(cache.values()), tuple(last_eff[t] <= q for t in tensors), tuple(offs),
-                   tuple(offs.values()), tuple(swapped), tuple(swapped.values()), early, ch))
+    last_of = itemgetter(*tensors)
+    memo.add(key, (tensors, tuple(cache.values()), last_of, last_of(last_eff), tuple(offs), tuple(offs.values()),
+                   tuple(swapped), tuple(swapped.values()), early, ch))
     return ch
 
 

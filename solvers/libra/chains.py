@@ -195,9 +195,10 @@ MEMO_MAX_QUERIES = 500_000
 #: chains kept per position (and ``plain`` flag), the latest first
 MEMO_PER_POSITION = 32
 #: chains whose replay asked fewer state queries are not kept: checking one costs about what replaying it
-#: does, and most checks fail (kept, they made the hybrid solves of the 56-node U-Net and the 60-node VGG
-#: segmentation graph 5-9% slower)
-MEMO_MIN_QUERIES = 16
+#: does, and most checks fail (at 16: GPT-2 medium b8 hybrid at 0.5, 4,082 failed checks for 74 chains
+#: found; the Checkmate ResNet-50 graph recompute-only at 0.3, 8,877 for 87 and a 10% slower solve; at 1,
+#: the hybrid solves of the U-Net and the VGG segmentation graph 5-9% slower)
+MEMO_MIN_QUERIES = 64
 
 
 class ChainMemo:
@@ -218,8 +219,8 @@ class ChainMemo:
     checks an entry against its own state), and a new one for each new or
     reset timeline (``records.fresh_timeline`` gives each descent its own).
     Random layered graph of 1,000 nodes, recompute-only at 0.8 of its peak:
-    955 of the 4,293 chains a solve asks for are found here (chains of
-    about 200 steps), and the solve takes 2.2 CPU s instead of 3.1."""
+    835 of the 4,293 chains a solve asks for are found here (of about 400
+    queries each), and the solve takes 2.2 CPU s instead of 3.1-3.2."""
 
     __slots__ = ("entries", "size")
 

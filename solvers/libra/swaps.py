@@ -112,6 +112,29 @@ def start_times(pt, st, regen_time: np.ndarray | None = None) -> np.ndarray:
 
 
 
+def release_bound(tl, idx: np.ndarray) -> np.ndarray:
+    """Earliest position a swap of each window in ``idx`` (shape ``(n,)``)
+    could release its storage on the timeline ``tl``, on a device whose
+    copies overlap compute: after its copy out (``bytes / d2h``, with the
+    window tables' margin), issued at its producer's end and queued behind
+    the copies already issued before it.  Shape ``(n,)``, positions.  A
+    bound that holds while no stall delays the nodes before it (later
+    copies are not delayed here, and a stall moves nodes later, so the copy
+    can end before an earlier one)."""
+    T = tl.start_times()
+    prod = tl.windows.w_prod[idx]
+    issue = T[prod] + tl.tables.node_time[prod]
+    sw = tl.state.swap
+    if len(sw.ids):
+        o = np.argsort(tl.windows.w_prod[sw.ids], kind="stable")
+        sp = tl.windows.w_prod[sw.ids][o]
+        ends = np.maximum.accumulate(sw.d2h_end_s[o])
+        k = sp.searchsorted(prod, side="right") - 1
+        issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
+    end = issue + tl.windows.w_bytes[idx] / tl.tables.d2h * (1.0 + tl.windows.margin)
+    return T.searchsorted(end, side="left")
+
+
 def update_marks(pt, wt, st) -> None:
     """Refresh, for the windows of the storages whose chains changed
     (``st.dirty``), the first chain inside the window that reads the storage

@@ -50,10 +50,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from libra_opt.ir.units import format_seconds
 from libra_opt.passes.lowering import Policy
 
 from .estimate import REC, SWAP, Timeline
+from .swaps import release_bound
 from .records import HasProblem
 from .tidy import undo_pass
 
@@ -142,7 +145,13 @@ def _rec_order(tl: Timeline, records: dict, skip: set) -> list[int]:
 def _score(tl: Timeline, j: int, policy: int, budget: int):
     """The effect of moving window ``j`` to ``policy`` (a swap's swap-in where
     it hides behind compute) where it lowers the estimated added time and
-    keeps every raised point within ``budget``; else ``None``."""
+    keeps every raised point within ``budget``; else ``None``.  A recomputed
+    window whose storage, held until its copy out can end
+    (:func:`~libra_opt.solvers.libra.swaps.release_bound`), would go over
+    the budget there is refused without an evaluation (the descent's rule
+    for a swap that cannot release its storage in time)."""
+    if policy == SWAP and tl.tables.overlap and _held_over(tl, j, budget):
+        return None
     # stop_above / stop_cost: a change that raises a point over the budget, or surely saves too little,
     # is refused before its chains are replayed
     # (floor=0: a swap-in that hides behind compute; evaluate reads floor for a swap only)
@@ -151,6 +160,16 @@ def _score(tl: Timeline, j: int, policy: int, budget: int):
     if not eff.feasible or eff.raised_max > budget or not eff.cost_s < least:
         return None
     return eff
+
+
+def _held_over(tl: Timeline, j: int, budget: int) -> bool:
+    """Whether recomputed window ``j``, swapped, holds its storage over the
+    budget (bytes) before its copy out can end: the graph memory at some
+    position from the window's start to its release bound (``st.C``, which
+    a swap's copies only raise while nothing stalls) plus its bytes."""
+    a = int(tl.windows.w_a[j])
+    lo = int(release_bound(tl, np.array([j]))[0])
+    return lo > a + 1 and int(tl.state.C[a + 1:lo].max()) + int(tl.windows.w_bytes[j]) > budget
 
 
 def _record(records: dict, j: int, policy: int, eff, saved_s: float) -> None:
@@ -227,20 +246,12 @@ def switch_policies(ref: HasProblem, tl: Timeline, records: dict, budget: int) -
                     refused[j] = state.taken
         # recompute -> swap: score a batch, then take the largest savings first (each scored again on
         # the timeline as it is by then: every swap taken uses copy-queue time the next may need)
-        work = state.tl
-        batch = []
-        order = _rec_order(work, state.records, tried | switched)
+        order = _rec_order(state.tl, state.records, tried | switched)
         batch_left = len(order) == MAX_REC_TRIES   # more recomputed windows than one batch: the next round tries them
         for j in order:
             tried.add(j)
-            eff = _score(work, j, SWAP, budget)
-            if eff is not None:
-                batch.append(_Scored(eff.cost_s, j, eff, state.taken))
-        for _, j, eff, scored_at in sorted(batch, key=lambda b: (b.cost_s, b.window)):
-            work = state.tl
-            if state.taken != scored_at:   # switches taken since it was scored: score it again
-                eff = _score(work, j, SWAP, budget)
-            if eff is not None and _switchable(work, j, SWAP):
+            eff = _score(state.tl, j, SWAP, budget)
+            if eff is not None and _switchable(state.tl, j, SWAP):
                 take(j, SWAP, eff)
         if state.taken == taken and not batch_left:
             break

@@ -476,10 +476,11 @@ class Timeline:
         ids, prefetch = layer.ids, layer.prefetch
         was = st.sw_pos[ids]   # -1: not swapped before (st.pos has no entry)
         moved = (was != prefetch).nonzero()[0]
+        old_ids = st.swap.ids   # the only windows with entries in sw_r0 / sw_pos
         st.swap = layer
         st.pos = dict(zip(ids.tolist(), prefetch.tolist()))
-        st.sw_r0[:] = self.tables.N + 1
-        st.sw_pos[:] = -1
+        st.sw_r0[old_ids] = self.tables.N + 1
+        st.sw_pos[old_ids] = -1
         st.sw_r0[ids] = layer.r0
         st.sw_pos[ids] = prefetch
         pts: set[int] = set()

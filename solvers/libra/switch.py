@@ -139,9 +139,13 @@ def _rec_order(tl: Timeline, records: dict, skip: set) -> list[int]:
     """Recomputed windows (not in ``skip``) to try moving to a swap: the most
     expensive decisions first (recorded added time, chains included), at
     most :data:`MAX_REC_TRIES`."""
-    cand = [j for j in records if j not in skip and _switchable(tl, j, SWAP)]
-    cand.sort(key=lambda j: (-records[j].added_s, j))
-    return cand[:MAX_REC_TRIES]
+    out = []
+    for j in sorted(records, key=lambda j: (-records[j].added_s, j)):   # (sorted first: few are asked)
+        if j not in skip and _switchable(tl, j, SWAP):
+            out.append(j)
+            if len(out) == MAX_REC_TRIES:
+                break
+    return out
 
 
 def _score(tl: Timeline, j: int, policy: int, budget: int):

@@ -112,6 +112,22 @@ def start_times(pt, st, regen_time: np.ndarray | None = None) -> np.ndarray:
 
 
 
+def _copy_out_order(w_prod: np.ndarray, layer: SwapLayer) -> tuple[np.ndarray, np.ndarray]:
+    """The producers of ``layer``'s swaps in ascending order (``w_prod``:
+    each window's producer position) and the running maximum of their copies'
+    ends (s) in that order: what :func:`release_bound` reads of the copies
+    already issued.  Kept on the layer (it is frozen: its swaps never
+    change), keyed by the producer table it was computed from."""
+    got = layer.__dict__.get("_copy_out_order")
+    if got is not None and got[0] is w_prod:
+        return got[1], got[2]
+    o = np.argsort(w_prod[layer.ids], kind="stable")
+    sp = w_prod[layer.ids][o]
+    ends = np.maximum.accumulate(layer.d2h_end_s[o])
+    object.__setattr__(layer, "_copy_out_order", (w_prod, sp, ends))
+    return sp, ends
+
+
 def release_bound(tl, idx: np.ndarray) -> np.ndarray:
     """Earliest position a swap of each window in ``idx`` (shape ``(n,)``)
     could release its storage on the timeline ``tl``, on a device whose
@@ -126,9 +142,7 @@ def release_bound(tl, idx: np.ndarray) -> np.ndarray:
     issue = T[prod] + tl.tables.node_time[prod]
     sw = tl.state.swap
     if len(sw.ids):
-        o = np.argsort(tl.windows.w_prod[sw.ids], kind="stable")
-        sp = tl.windows.w_prod[sw.ids][o]
-        ends = np.maximum.accumulate(sw.d2h_end_s[o])
+        sp, ends = _copy_out_order(tl.windows.w_prod, sw)
         k = sp.searchsorted(prod, side="right") - 1
         issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
     end = issue + tl.windows.w_bytes[idx] / tl.tables.d2h * (1.0 + tl.windows.margin)

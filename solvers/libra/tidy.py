@@ -87,8 +87,9 @@ def _undo_free_swaps(tl: Timeline, records: dict, order: list[int], budget: int)
     storage back over its off range fits), and set to keep in batches (one
     swap layer and one chain replay each, :func:`~libra_opt.solvers.libra.swaps.set_many`),
     a batch whose estimated peak goes over the budget taken back and
-    split in halves down to single swaps, which stay.  Returns how many
-    were undone (their records deleted)."""
+    split in halves down to single swaps, which stay (the one-at-a-time
+    pass that follows tries them again).  Returns how many were undone
+    (their records deleted)."""
     st, wt = tl.state, tl.windows
     mem = tl.memory().copy()
     props = []
@@ -107,14 +108,15 @@ def _undo_free_swaps(tl: Timeline, records: dict, order: list[int], budget: int)
 
 def _keep_within(tl: Timeline, ids: list[int], budget: int) -> list[int]:
     """Set the swaps ``ids`` to keep at once where the estimated peak stays
-    within ``budget``; a batch that does not is taken back and split in
+    within ``budget`` and every chain stays feasible (as the one-at-a-time
+    pass requires of each); a batch that does not is taken back and split in
     halves.  Returns the windows set to keep."""
     if not ids:
         return []
     st = tl.state
     old = [(j, SWAP, int(st.floor[j]), int(st.wait[j])) for j in ids]
     set_many(tl, [(j, KEEP, 0, -1) for j in ids])
-    if tl.peak()[0] <= budget:
+    if tl.peak()[0] <= budget and all(ch.feasible for ch in tl.state.chains.values()):
         return list(ids)
     set_many(tl, old)
     if len(ids) == 1:

@@ -42,14 +42,14 @@ def test_the_undo_pass_leaves_only_decisions_the_budget_needs(name, frac, monkey
     lowered plan's simulated peak too, and undoing any decision left would raise a point over the budget;
     on the GPT-2 medium profile, some of the swaps that add no time are undone in a batch."""
     batched = []
-    keep_within = tidy._keep_within
+    try_changes = tidy.try_changes
 
-    def counted(tl, ids, budget):
-        kept = keep_within(tl, ids, budget)
+    def counted(tl, changes, budget, accept):
+        kept = try_changes(tl, changes, budget, accept)
         batched.append(len(kept))
         return kept
 
-    monkeypatch.setattr(tidy, "_keep_within", counted)
+    monkeypatch.setattr(tidy, "try_changes", counted)
     p, ref, snap, budget = _snapshot(name, frac)
     tl, records = snap.timeline.copy(), dict(snap.records)
     free = sum(1 for j in records if records[j].added_s == 0.0 and tl.state.pol[j] == SWAP)

@@ -556,21 +556,28 @@ def relax_swaps(tl, budget: int) -> list[int]:
     return kept
 
 
-def try_changes(tl, changes: list, budget: int) -> list:
+def no_slower(tl, before_s: float) -> bool:
+    """:func:`try_changes`' default test: the added time of the timeline
+    ``tl`` (s) has not risen above ``before_s``, what it was before the batch."""
+    return tl.added_s() <= before_s + 1e-12
+
+
+def try_changes(tl, changes: list, budget: int, accept=no_slower) -> list:
     """Apply ``changes`` (see :func:`set_many`) to the timeline ``tl`` where
-    the estimated peak stays within ``budget`` (bytes) and the added time
-    does not rise; a failing batch is undone and split in halves.  Returns
-    the changes kept."""
+    the estimated peak stays within ``budget`` (bytes) and ``accept(tl,
+    before_s)`` holds (``before_s``: the added seconds before the batch;
+    default :func:`no_slower`); a failing batch is undone and split in
+    halves.  Returns the changes kept."""
     if not changes:
         return []
     st = tl.state
     old = [(j, int(st.pol[j]), int(st.floor[j]), int(st.wait[j])) for j, *_ in changes]
     before = tl.added_s()
     set_many(tl, changes)
-    if tl.peak()[0] <= budget and tl.added_s() <= before + 1e-12:
+    if tl.peak()[0] <= budget and accept(tl, before):
         return changes
     set_many(tl, old)
     if len(changes) == 1:
         return []
     h = len(changes) // 2
-    return try_changes(tl, changes[:h], budget) + try_changes(tl, changes[h:], budget)
+    return try_changes(tl, changes[:h], budget, accept) + try_changes(tl, changes[h:], budget, accept)

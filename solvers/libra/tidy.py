@@ -31,7 +31,7 @@ import numpy as np
 from libra_opt.ir.problem import RematProblem
 
 from .estimate import KEEP, REC, SWAP, Timeline
-from .swaps import set_many
+from .swaps import try_changes
 
 #: the early shift (:func:`early_shift`) runs on problems of at most this many nodes
 EARLY_SHIFT_MAX_NODES = 64
@@ -85,10 +85,10 @@ def _undo_free_swaps(tl: Timeline, records: dict, order: list[int], budget: int)
     budget does not need, on a plan within ``budget`` (bytes): proposed in
     ``order`` from the memory timeline, updated as each is proposed (the
     storage back over its off range fits), and set to keep in batches (one
-    swap layer and one chain replay each, :func:`~libra_opt.solvers.libra.swaps.set_many`),
-    a batch whose estimated peak goes over the budget taken back and
-    split in halves down to single swaps, which stay (the one-at-a-time
-    pass that follows tries them again).  Returns how many were undone
+    swap layer and one chain replay each, :func:`~libra_opt.solvers.libra.swaps.try_changes`),
+    a batch whose estimated peak goes over the budget or with an infeasible
+    chain taken back and split in halves down to single swaps, which stay
+    (the one-at-a-time pass that follows tries them again).  Returns how many were undone
     (their records deleted)."""
     st, wt = tl.state, tl.windows
     mem = tl.memory().copy()
@@ -100,29 +100,16 @@ def _undo_free_swaps(tl: Timeline, records: dict, order: list[int], budget: int)
                 continue
             mem[lo:hi + 1] += nbytes
         props.append(j)
-    done = _keep_within(tl, props, budget)
-    for j in done:
+    done = try_changes(tl, [(j, KEEP, 0, -1) for j in props], budget, accept=_chains_feasible)
+    for j, *_ in done:
         del records[j]
     return len(done)
 
 
-def _keep_within(tl: Timeline, ids: list[int], budget: int) -> list[int]:
-    """Set the swaps ``ids`` to keep at once where the estimated peak stays
-    within ``budget`` and every chain stays feasible (as the one-at-a-time
-    pass requires of each); a batch that does not is taken back and split in
-    halves.  Returns the windows set to keep."""
-    if not ids:
-        return []
-    st = tl.state
-    old = [(j, SWAP, int(st.floor[j]), int(st.wait[j])) for j in ids]
-    set_many(tl, [(j, KEEP, 0, -1) for j in ids])
-    if tl.peak()[0] <= budget and all(ch.feasible for ch in tl.state.chains.values()):
-        return list(ids)
-    set_many(tl, old)
-    if len(ids) == 1:
-        return []
-    h = len(ids) // 2
-    return _keep_within(tl, ids[:h], budget) + _keep_within(tl, ids[h:], budget)
+def _chains_feasible(tl: Timeline, before_s: float) -> bool:
+    """Every chain of the timeline ``tl`` is feasible (the one-at-a-time
+    undo requires it of each change; the added time may move either way)."""
+    return all(ch.feasible for ch in tl.state.chains.values())
 
 
 def fix_shrunk(tl: Timeline, records: dict, orig_b: np.ndarray) -> None:

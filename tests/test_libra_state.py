@@ -176,6 +176,20 @@ def test_a_remembered_chain_is_the_chain_a_replay_gives(seed, monkeypatch):
     check(tl)
 
 
+def _recorded(f, log: list):
+    """``f``, appending each of its answers to ``log`` (whether a shortcut was taken)."""
+    def g(*a):
+        v = f(*a)
+        log.append(v)
+        return v
+    return g
+
+
+def _answer(r) -> tuple:
+    """What a solve answers: status, message, stated minimum (bytes) and the plan's instructions."""
+    return r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None
+
+
 @pytest.mark.parametrize("policy", ["recompute", "hybrid"])
 def test_a_solve_gives_the_same_answer_with_every_chain_remembered_and_with_none(policy, monkeypatch):
     """Whole solves (descents, finish, switches, tightening) with every chain kept in the memo and with
@@ -186,23 +200,14 @@ def test_a_solve_gives_the_same_answer_with_every_chain_remembered_and_with_none
     from libra_opt.solvers.libra import chains
 
     found = []
-    holds = chains._holds
-
-    def counted(*a):
-        ok = holds(*a)
-        found.append(ok)
-        return ok
 
     def answers():
-        out = []
-        for n, frac in ((120, 0.8), (120, 0.4), (60, 0.6)):
-            r = get_solver("libra", policy=policy).solve(random_layered_graph(n, seed=2), frac,
-                                                         raise_on_infeasible=False)
-            out.append((r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None))
-        return out
+        return [_answer(get_solver("libra", policy=policy).solve(random_layered_graph(n, seed=2), frac,
+                                                                 raise_on_infeasible=False))
+                for n, frac in ((120, 0.8), (120, 0.4), (60, 0.6))]
 
     monkeypatch.setattr(chains, "MEMO_MIN_QUERIES", 1)
-    monkeypatch.setattr(chains, "_holds", counted)
+    monkeypatch.setattr(chains, "_holds", _recorded(chains._holds, found))
     kept = answers()
     assert any(found), "no chain was found in the memo"
     monkeypatch.setattr(chains.ChainMemo, "add", lambda self, key, entry: None)
@@ -262,22 +267,13 @@ def test_a_solve_gives_the_same_answer_with_the_current_swap_layers_refreshed_an
     from libra_opt.solvers.libra import estimate, swaps
 
     known = []
-    current = swaps.layer_current
-
-    def counted(*a):
-        ok = current(*a)
-        known.append(ok)
-        return ok
 
     def answers():
-        out = []
-        for seed, frac in ((0, 0.6), (2, 0.5), (4, 0.3), (6, 0.75)):
-            p = fwd_bwd(seed, 12, views=seed == 4, bandwidth=2.0 + seed)
-            r = get_solver("libra", policy="hybrid").solve(p, frac, raise_on_infeasible=False)
-            out.append((r.status, r.message, r.min_feasible_bytes, r.schedule.instructions if r.schedule else None))
-        return out
+        return [_answer(get_solver("libra", policy="hybrid").solve(
+                    fwd_bwd(seed, 12, views=seed == 4, bandwidth=2.0 + seed), frac, raise_on_infeasible=False))
+                for seed, frac in ((0, 0.6), (2, 0.5), (4, 0.3), (6, 0.75))]
 
-    monkeypatch.setattr(estimate, "layer_current", counted)
+    monkeypatch.setattr(estimate, "layer_current", _recorded(swaps.layer_current, known))
     kept = answers()
     assert any(known), "no refresh was skipped"
     monkeypatch.setattr(estimate, "layer_current", lambda *a: False)

@@ -14,13 +14,9 @@ from libra_opt.solvers.libra import solver as libra_solver
 from libra_opt.solvers.libra import tidy
 from libra_opt.solvers.libra.estimate import KEEP, SWAP
 
+from test_libra_switch import _with_copies
+
 PROBLEMS = Path(__file__).resolve().parent.parent / "problems"
-
-
-def _with_copies(p, copy_steps: float):
-    """``p`` with copies that take ``copy_steps`` no-remat steps to move the no-remat peak."""
-    bw = no_remat_peak(p) / (copy_steps * p.total_compute_s)
-    return p.with_device(h2d_bytes_per_s=bw, d2h_bytes_per_s=bw)
 
 
 CASES = [("h100_gpt2-medium_b8", 0.8), ("h100_gpt2-medium_b8", 0.6), ("large_beside_small_graph", 0.8),

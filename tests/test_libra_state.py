@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import random
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -278,6 +279,41 @@ def test_a_solve_gives_the_same_answer_with_the_current_swap_layers_refreshed_an
     assert any(known), "no refresh was skipped"
     monkeypatch.setattr(estimate, "layer_current", lambda *a: False)
     assert answers() == kept
+
+
+@pytest.mark.parametrize("policy", ["recompute", "hybrid"])
+def test_a_held_variant_refused_unevaluated_is_refused_evaluated_too(policy, monkeypatch):
+    """Each merged-regeneration and retained-input variant a descent tries (``Refiner._try_merge``,
+    ``Refiner._try_retain``) gives the same options where the ones whose held memory already reaches the
+    limit are refused before their evaluation (``refine._held_over``) and where every one is evaluated; and
+    both variants are refused so."""
+    from libra_opt.generators import random_layered_graph
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import refine
+
+    real = refine._held_over
+    refused = Counter()
+
+    def compared(name):
+        orig = getattr(refine.Refiner, name)
+
+        def tried(self, tl, j, e, p, m_p, limit, ok):
+            every, kept = [], []
+            monkeypatch.setattr(refine, "_held_over", lambda held, limit: False)
+            orig(self, tl, j, e, p, m_p, limit, every)
+            monkeypatch.setattr(refine, "_held_over", lambda held, limit: refused.update([name]) or True
+                                if real(held, limit) else False)
+            orig(self, tl, j, e, p, m_p, limit, kept)
+            assert [(o.cost, o.removed, o.policy, o.also) for o in kept] == \
+                [(o.cost, o.removed, o.policy, o.also) for o in every]
+            ok.extend(kept)
+        return tried
+
+    for name in ("_try_merge", "_try_retain"):
+        monkeypatch.setattr(refine.Refiner, name, compared(name))
+    for n, seed, frac in ((120, 2, 0.8), (120, 2, 0.4), (200, 0, 0.7)):
+        get_solver("libra", policy=policy).solve(random_layered_graph(n, seed=seed), frac, raise_on_infeasible=False)
+    assert set(refused) == {"_try_merge", "_try_retain"}
 
 
 @pytest.mark.parametrize("seed", range(3))

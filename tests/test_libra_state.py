@@ -285,8 +285,9 @@ def test_a_solve_gives_the_same_answer_with_the_current_swap_layers_refreshed_an
 def test_a_held_variant_refused_unevaluated_is_refused_evaluated_too(policy, monkeypatch):
     """Each merged-regeneration and retained-input variant a descent tries (``Refiner._try_merge``,
     ``Refiner._try_retain``) gives the same options where the ones whose held memory already reaches the
-    limit are refused before their evaluation (``refine._held_over``) and where every one is evaluated; and
-    both variants are refused so."""
+    limit (a merge: at its chain after the plain recomputation, or over the range it keeps the storage; a
+    retention: off the recomputation's chain points) are refused before their evaluation
+    (``refine._held_over``) and where every one is evaluated; and both variants are refused so."""
     from libra_opt.generators import random_layered_graph
     from libra_opt.solvers import get_solver
     from libra_opt.solvers.libra import refine

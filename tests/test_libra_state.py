@@ -287,12 +287,12 @@ def test_a_held_variant_refused_unevaluated_is_refused_evaluated_too(policy, mon
     ``Refiner._try_retain``) gives the same options where the ones whose held memory already reaches the
     limit (a merge: at its chain after the plain recomputation, or over the range it keeps the storage; a
     retention: off the recomputation's chain points) are refused before their evaluation
-    (``refine._held_over``) and where every one is evaluated; and both variants are refused so."""
+    (``refine._over_limit``) and where every one is evaluated; and both variants are refused so."""
     from libra_opt.generators import random_layered_graph
     from libra_opt.solvers import get_solver
     from libra_opt.solvers.libra import refine
 
-    real = refine._held_over
+    real = refine._over_limit
     refused = Counter()
 
     def compared(name):
@@ -300,10 +300,10 @@ def test_a_held_variant_refused_unevaluated_is_refused_evaluated_too(policy, mon
 
         def tried(self, tl, j, e, p, m_p, limit, ok):
             every, kept = [], []
-            monkeypatch.setattr(refine, "_held_over", lambda held, limit: False)
+            monkeypatch.setattr(refine, "_over_limit", lambda held, limit: False)
             orig(self, tl, j, e, p, m_p, limit, every)
-            monkeypatch.setattr(refine, "_held_over", lambda held, limit: refused.update([name]) or True
-                                if real(held, limit) else False)
+            monkeypatch.setattr(refine, "_over_limit",
+                                lambda held, limit: (refused.update([name]) or True) if real(held, limit) else False)
             orig(self, tl, j, e, p, m_p, limit, kept)
             assert [(o.cost, o.removed, o.policy, o.also) for o in kept] == \
                 [(o.cost, o.removed, o.policy, o.also) for o in every]

@@ -40,7 +40,7 @@ MAX_EVALS_PER_STEP = 48
 _O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
 
 
-def _held_over(held: int, limit: int) -> bool:
+def _over_limit(held: int, limit: int) -> bool:
     """Whether memory a recomputation variant holds whatever its chains
     cost (bytes: ``held``, known before its evaluation) refuses it under
     ``limit`` (bytes): the merged-regeneration and retained-input variants
@@ -50,7 +50,6 @@ def _held_over(held: int, limit: int) -> bool:
     3 of which were admissible) and 319 of the retain evaluations, and the
     solve takes 1.6 CPU s instead of 2.4."""
     return held >= limit
-
 
 
 class _Todo(NamedTuple):
@@ -563,7 +562,11 @@ class Refiner:
         ``_keep_regenerated`` does), so the two evictions pay for one
         regeneration.  Its cost is the change of the whole plan's added time;
         the positions the kept storage covers again must stay under
-        ``limit``.  At most :data:`MAX_MERGES` windows are tried."""
+        ``limit``.  At most :data:`MAX_MERGES` windows are tried.  A merge
+        at a chain point the plain recomputation already raises to ``limit``
+        (the same chain, a storage kept longer), or whose kept storage holds
+        the memory at ``limit``, is refused without an evaluation
+        (:func:`_over_limit`)."""
         tries = 0
         for q, ch in sorted(e.chains.items()):
             if ch is None:
@@ -578,7 +581,7 @@ class Refiner:
                     if tries >= MAX_MERGES:
                         return
                     tries += 1
-                    if at_q is not None and _held_over(at_q, limit):
+                    if at_q is not None and _over_limit(at_q, limit):
                         continue   # (a try all the same: the same merges are tried at the later points)
                     made = [t for t in ch.made if tl.tables.t_storage[t] == s2]
                     before, old, b_k = tl.added_s(), tl.window_state(k), int(tl.state.w_b[k])
@@ -587,7 +590,7 @@ class Refiner:
                     try:
                         mem = tl.memory()
                         hold = int(mem[q:b_k].max()) if b_k > q else 0
-                        if limit is not None and _held_over(hold, limit):
+                        if limit is not None and _over_limit(hold, limit):
                             continue   # refused whatever j's recomputation costs: not evaluated
                         e2 = tl.evaluate(j, REC)
                         if not e2.feasible:
@@ -608,7 +611,9 @@ class Refiner:
         chain instead (:class:`~libra_opt.passes.lowering.Retain`, Checkmate's S
         holding a value across stages), which cuts the chain short.  Taken
         where it costs less than the plain recomputation and the memory the
-        inputs hold, less the storage's bytes, stays under ``limit``."""
+        inputs hold, less the storage's bytes, stays under ``limit``; where
+        it does not already off the recomputation's chain points, refused
+        without an evaluation (:func:`_over_limit`)."""
         s = int(tl.windows.w_s[j])
         prod = tl.problem.nodes[tl.problem.tensors[s].producer]
         rets: dict[int, int] = {}
@@ -642,7 +647,7 @@ class Refiner:
                 for q in tl.affected(j):
                     if lo <= q <= hi:
                         off[q - lo] = NEG
-                if _held_over(int(off.max()), limit):
+                if _over_limit(int(off.max()), limit):
                     return
             e2 = tl.evaluate(j, REC)
             if not e2.feasible:

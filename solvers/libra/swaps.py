@@ -500,6 +500,20 @@ def set_many(tl, changes) -> None:
     st.version += 1
 
 
+def fits_back(mem: np.ndarray, lo: int, hi: int, nbytes: int, budget: int) -> bool:
+    """Whether a swapped storage of ``nbytes`` bytes, set back to keep, fits
+    under ``budget`` (bytes) over the positions ``lo..hi`` it is off the
+    device (its release to its swap-in; none where ``lo > hi``) on the
+    memory timeline ``mem`` (shape ``(N,)``, bytes); where it does, its
+    bytes are added there (in place), so that the next proposal sees them.
+    How :func:`relax_swaps` and the undo pass (``tidy``) propose a batch."""
+    if lo <= hi:
+        if int(mem[lo:hi + 1].max()) + nbytes > budget:
+            return False
+        mem[lo:hi + 1] += nbytes
+    return True
+
+
 #: windows whose relaxations :func:`relax_swaps` tries together before splitting the batch
 RELAX_BATCH = 64
 
@@ -532,10 +546,8 @@ def relax_swaps(tl, budget: int) -> list[int]:
             a = int(w_a[j])
             lo, hi = int(st.sw_r0[j]), int(st.sw_pos[j])
             fl, wt_ = int(st.floor[j]), int(st.wait[j])
-            if lo > hi or int(mem[lo:hi + 1].max()) + nbytes <= budget:   # the storage back fits: keep it
+            if fits_back(mem, lo, hi, nbytes, budget):   # the storage back fits: keep it
                 changes.append((j, KEEP, 0, -1))
-                if lo <= hi:
-                    mem[lo:hi + 1] += nbytes
                 continue
             nfl, nwt = fl, wt_
             if fl > a + 1:   # the swap-in earlier: from the first position whose suffix fits the storage

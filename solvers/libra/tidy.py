@@ -31,7 +31,7 @@ import numpy as np
 from libra_opt.ir.problem import RematProblem
 
 from .estimate import KEEP, REC, SWAP, Timeline
-from .swaps import try_changes
+from .swaps import fits_back, try_changes
 
 #: the early shift (:func:`early_shift`) runs on problems of at most this many nodes
 EARLY_SHIFT_MAX_NODES = 64
@@ -94,12 +94,8 @@ def _undo_free_swaps(tl: Timeline, records: dict, order: list[int], budget: int)
     mem = tl.memory().copy()
     props = []
     for j in order:
-        lo, hi, nbytes = int(st.sw_r0[j]), int(st.sw_pos[j]), int(wt.w_bytes[j])
-        if lo <= hi:
-            if int(mem[lo:hi + 1].max()) + nbytes > budget:
-                continue
-            mem[lo:hi + 1] += nbytes
-        props.append(j)
+        if fits_back(mem, int(st.sw_r0[j]), int(st.sw_pos[j]), int(wt.w_bytes[j]), budget):
+            props.append(j)
     done = try_changes(tl, [(j, KEEP, 0, -1) for j in props], budget, accept=_chains_feasible)
     for j, *_ in done:
         del records[j]

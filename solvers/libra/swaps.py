@@ -506,7 +506,9 @@ def fits_back(mem: np.ndarray, lo: int, hi: int, nbytes: int, budget: int) -> bo
     device (its release to its swap-in; none where ``lo > hi``) on the
     memory timeline ``mem`` (shape ``(N,)``, bytes); where it does, its
     bytes are added there (in place), so that the next proposal sees them.
-    How :func:`relax_swaps` and the undo pass (``tidy``) propose a batch."""
+    How :func:`relax_swaps` and the undo pass (``tidy``) propose a batch.
+    Raises nothing; source: this module's release rule (a swapped storage
+    is off from ``sw_r0`` through its swap-in position ``sw_pos``)."""
     if lo <= hi:
         if int(mem[lo:hi + 1].max()) + nbytes > budget:
             return False

@@ -29,6 +29,7 @@ Usage::
     python benchmarks/hybrid_optimality.py GRAPHS --only vgg16 --budgets 0.8 --bandwidths 1 --time-limit 120
     python benchmarks/hybrid_optimality.py --generate 30,60,100 --time-limit 60
     python benchmarks/hybrid_optimality.py --patterns 30,100 --max-nodes 0
+    python benchmarks/hybrid_optimality.py --summary                    # the target over the results CSV
 
 Writes ``benchmarks/results/hybrid_optimality.csv`` (``--out``), one row per
 solve as it finishes, and prints progress.
@@ -45,6 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 GRAPH_NAMES = ("vgg16_b256_train", "random_layered_n100")
+#: issue 16's target: proven optimal, or a gap of at most this (relative) with a valid bound
+TARGET_GAP = 0.05
 FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budget_bytes", "status", "time_s",
           "lower_bound_s", "gap", "milp_bound_s", "solve_s", "time_limit_s", "libra_time_s", "milp_over_libra", "returned",
           "warm_start", "engine", "message"]
@@ -67,7 +70,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--patterns", default="", metavar="N1,N2,...",
                    help="issue 16's two pattern graphs (large_beside_small, early_regeneration) of these sizes")
     p.add_argument("--out", default=str(RESULTS / "hybrid_optimality.csv"))
+    p.add_argument("--summary", nargs="*", default=None, metavar="CSV",
+                   help="solve nothing: count the rows of these CSVs (default: --out) that meet issue 16's "
+                        "target (proven optimal, or a gap at most --target-gap) and list the others")
+    p.add_argument("--target-gap", type=float, default=TARGET_GAP, help="relative gap of the target (default 0.05)")
     return p.parse_args(argv)
+
+
+def summarize(rows: list[dict], target_gap: float = TARGET_GAP) -> tuple[list[dict], list[dict]]:
+    """Issue 16's target over CSV rows of this script (dicts of strings):
+    ``(met, missed)`` among the feasible rows, a row met where its status
+    is ``optimal`` or its ``gap`` (relative, against the reported
+    ``lower_bound_s``) is at most ``target_gap``.  Rows with status
+    ``infeasible`` are in neither list; a row with no gap (no plan) is
+    missed.  Raises ``KeyError`` naming a missing column."""
+    met, missed = [], []
+    for r in rows:
+        if r["status"] == "infeasible":
+            continue
+        ok = r["status"] == "optimal" or (r["gap"] not in ("", None) and float(r["gap"]) <= target_gap)
+        (met if ok else missed).append(r)
+    return met, missed
+
+
+def print_summary(paths: list[str], target_gap: float) -> int:
+    """Print :func:`summarize` of the CSVs ``paths``; returns the exit status (0)."""
+    rows = [r for path in paths for r in csv.DictReader(open(path, newline=""))]
+    met, missed = summarize(rows, target_gap)
+    print(f"target (proven, or gap <= {target_gap:.0%}) met in {len(met)} of {len(met) + len(missed)} "
+          f"feasible cases ({len(rows) - len(met) - len(missed)} infeasible)")
+    for r in missed:
+        gap = f"{float(r['gap']):.2%}" if r["gap"] else "no gap"
+        print(f"  missed: {r['instance']} copy {r['bandwidth_x_step']} budget {r['budget_fraction']}: {r['status']}, "
+              f"{gap} at {r['time_limit_s']} s ({r['engine'] or 'no engine'})")
+    return 0
 
 
 def instances(args) -> list:
@@ -100,6 +136,8 @@ def instances(args) -> list:
 def main(argv=None) -> int:
     """Run every instance, budget and bandwidth; write the CSV; print a summary."""
     args = parse_args(argv)
+    if args.summary is not None:
+        return print_summary(args.summary or [args.out], args.target_gap)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from libra_opt.errors import InfeasibleBudgetError
     from libra_opt.passes.simulator import no_remat_peak
@@ -150,7 +188,7 @@ def main(argv=None) -> int:
                           f"{row['status']} time={row.get('time_s', '-')} bound={row.get('lower_bound_s', '-')} "
                           f"gap={'-' if gap is None else f'{gap:.4f}'} solve={row.get('solve_s', '-')}s "
                           f"libra={row['libra_time_s']}", flush=True)
-    return 0
+    return print_summary([args.out], args.target_gap)
 
 
 if __name__ == "__main__":

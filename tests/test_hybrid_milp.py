@@ -295,6 +295,29 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
     for r in rows:
         if r["time_s"]:
             assert float(r["lower_bound_s"]) <= float(r["time_s"]) * (1 + REL)
+    met, missed = mod.summarize(rows)
+    assert len(met) + len(missed) == sum(r["status"] != "infeasible" for r in rows)
+    assert all(r["status"] == "optimal" or float(r["gap"]) <= mod.TARGET_GAP for r in met)
+    assert mod.main(["--summary", str(out)]) == 0
+
+
+def test_benchmark_summary_counts_the_target():
+    """The summary of ``hybrid_optimality.py``: a proven row or one within the target gap is met, a
+    larger gap or no plan is missed, an infeasible budget is neither."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_optimality.py"
+    spec = importlib.util.spec_from_file_location("hybrid_optimality", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = [dict(status="optimal", gap="0.0"), dict(status="time_limit", gap="0.049"),
+            dict(status="time_limit", gap="0.051"), dict(status="time_limit", gap=""),
+            dict(status="infeasible", gap="")]
+    met, missed = mod.summarize(rows)
+    assert met == rows[:2] and missed == rows[2:4]
+    met, missed = mod.summarize(rows, target_gap=0.06)
+    assert met == rows[:3] and missed == [rows[3]]
 
 
 def profiled_problem():

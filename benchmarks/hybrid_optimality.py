@@ -95,7 +95,10 @@ def summarize(rows: list[dict], target_gap: float = TARGET_GAP) -> tuple[list[di
 
 def print_summary(paths: list[str], target_gap: float) -> int:
     """Print :func:`summarize` of the CSVs ``paths``; returns the exit status (0)."""
-    rows = [r for path in paths for r in csv.DictReader(open(path, newline=""))]
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            rows += csv.DictReader(f)
     met, missed = summarize(rows, target_gap)
     print(f"target (proven, or gap <= {target_gap:.0%}) met in {len(met)} of {len(met) + len(missed)} "
           f"feasible cases ({len(rows) - len(met) - len(missed)} infeasible)")

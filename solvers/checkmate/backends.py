@@ -72,7 +72,10 @@ class MIPOptions:
         through ``highspy`` instead.)
     time_limit_s : float
         Wall-clock limit of the whole solve (starting plans included; the
-        MILP itself gets what is left, at least 1 s), seconds.
+        MILP itself gets what is left, at least 1 s), seconds.  HiGHS may
+        overrun it: some of its phases check neither its time limit nor
+        the cancellation sent 5 s after it (ERGO-Code/HiGHS#885, #2226; a
+        100-node hybrid model ran 1,002 s at 600).
     mip_gap : float
         Relative optimality gap at which the solve stops (0.0001 = 0.01 %).
     warm_start : bool

@@ -276,10 +276,8 @@ def test_ctrl_c_stops_the_milp_without_a_plan(tmp_path):
     assert os.listdir(tmp_path / "tmp") == []
 
 
-def test_benchmark_script_writes_one_row_per_solve(tmp_path):
-    """``benchmarks/hybrid_optimality.py`` on a generated 10-node graph: one CSV row per
-    (bandwidth, budget), each with a status, and the bound below the time where there is a plan."""
-    import csv
+def _benchmark_script():
+    """``benchmarks/hybrid_optimality.py`` imported as a module (the benchmarks are not a package)."""
     import importlib.util
     from pathlib import Path
 
@@ -287,6 +285,15 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
     spec = importlib.util.spec_from_file_location("hybrid_optimality", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_benchmark_script_writes_one_row_per_solve(tmp_path):
+    """``benchmarks/hybrid_optimality.py`` on a generated 10-node graph: one CSV row per
+    (bandwidth, budget), each with a status, and the bound below the time where there is a plan."""
+    import csv
+
+    mod = _benchmark_script()
     out = tmp_path / "rows.csv"
     assert mod.main(["--generate", "10", "--only", "gen", "--budgets", "0.8", "--bandwidths", "1,4",
                      "--time-limit", "10", "--out", str(out)]) == 0
@@ -304,13 +311,7 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
 def test_benchmark_summary_counts_the_target():
     """The summary of ``hybrid_optimality.py``: a proven row or one within the target gap is met, a
     larger gap or no plan is missed, an infeasible budget is neither."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_optimality.py"
-    spec = importlib.util.spec_from_file_location("hybrid_optimality", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark_script()
     rows = [dict(status="optimal", gap="0.0"), dict(status="time_limit", gap="0.049"),
             dict(status="time_limit", gap="0.051"), dict(status="time_limit", gap=""),
             dict(status="infeasible", gap="")]

@@ -138,10 +138,13 @@ class Timeline:
         new.state = self.state.copy()
         return new
 
-    def memory(self) -> np.ndarray:
-        """Per-position peak of the model, ``max(C, P)``, shape ``(N,)`` (bytes)."""
+    def memory(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Per-position peak of the model, ``max(C, P)``, shape ``(N,)``
+        (bytes); with ``lo`` / ``hi``, only positions ``lo`` up to ``hi``
+        (exclusive), shape ``(hi - lo,)``."""
         st = self.state
-        return np.maximum(st.C, st.C + st.regen_off + st.swap.held)
+        C = st.C[lo:hi]
+        return np.maximum(C, C + st.regen_off[lo:hi] + st.swap.held[lo:hi])
 
     def peak(self) -> tuple[int, int]:
         """``(peak_bytes, position)`` of the model (first position at the peak)."""

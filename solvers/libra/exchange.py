@@ -310,7 +310,7 @@ def _covered(ref: Evaluator, costs: OptionCosts, budget: int, chained: bool) -> 
         tl.apply(j, REC, eff)
         records[j] = explain(ref.problem, step=-1, storage=int(tl.windows.w_s[j]), after=int(tl.windows.w_a[j]),
                              before=int(tl.state.w_b[j]), policy=Policy.RECOMPUTE.value, nbytes=int(tl.windows.w_bytes[j]),
-                             peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory()[p]),
+                             peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory(p, p + 1)[0]),
                              added_s=max(eff.cost_s, 0.0), recompute_s=max(eff.cost_s, 0.0), swap_s=None,
                              reason=REASON_EXCHANGE)
     done = _descend_local(ref, costs, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)

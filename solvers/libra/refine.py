@@ -418,7 +418,7 @@ class Refiner:
             return None
         cur = int(tl.state.pol[j])
         others = [int(tl.state.pol[k]) for k in tl.state.s_win.get(s, ()) if k != j]
-        m_p = int(tl.memory()[p]) if limit is None else peak
+        m_p = int(tl.memory(p, p + 1)[0]) if limit is None else peak
         b = int(tl.state.w_b[j])
         # options, tried cheapest cached cost first (recompute first on ties); an option is skipped
         # once an admissible one is known to cost no more than its cached (lower-bound) cost
@@ -641,7 +641,7 @@ class Refiner:
             # evaluation's own, j being kept) it is known before the evaluation, and at or over ``limit``
             # there refuses the variant whatever the chains cost
             pos = np.arange(lo, hi + 1)
-            vals = tl.memory()[lo:hi + 1] - np.where((a < pos) & (pos < b), nbytes, 0)
+            vals = tl.memory(lo, hi + 1) - np.where((a < pos) & (pos < b), nbytes, 0)
             if limit is not None and len(vals):
                 off = vals.copy()
                 for q in tl.affected(j):

@@ -170,8 +170,9 @@ def retain(pt, st, t: int, until: int | None) -> list[int]:
     if until is not None and not retainable(pt, st, t):
         raise ValueError("retain: not an activation freed after its last use, or an eviction window of its "
                          "storage ends after that use (a storage is either evicted or retained at a position)")
-    if not st.t_until:   # copy-on-write: copies of the timeline share the list until then
+    if not st.t_last_own:   # copy-on-write: copies of the timeline share the list until then
         st.t_last_eff = list(st.t_last_eff)
+        st.t_last_own = True
     s = pt.t_storage[t]
     nbytes = int(pt.t_nbytes[s]) if pt.t_act[s] else 0   # a view of an input: resident all along
     old_end, old = storage_end(pt, st, s), st.t_last_eff[t]

@@ -79,9 +79,21 @@ def dropped(v, st):
 
 
 def copy_on_write_last_use(v, st):
-    """Copy rule of ``t_last_eff``: shared while no retention made it private
-    (``reshape.retain`` copies it before its first write), else a new list."""
+    """Copy rule of ``t_last_eff``: shared while no retention is active
+    (``reshape.retain`` copies it before it writes a list it does not own:
+    ``t_last_own``), else a new list."""
     return list(v) if st.t_until else v
+
+
+def last_use_owner(v, st):
+    """Copy rule of ``t_last_own``: the copy owns its ``t_last_eff`` where it
+    got a new list (a retention active); where the list is shared, neither
+    the copy nor the original owns it any more (the original is marked
+    here)."""
+    if st.t_until:
+        return True
+    st.t_last_own = False
+    return False
 
 
 @dataclass(frozen=True)
@@ -143,6 +155,10 @@ FIELDS: tuple[Field, ...] = (
     # retentions (reshape)
     Field("t_last_eff", lambda pt, wt: list(pt.t_last), copy_on_write_last_use,
           "list (T,): last use of each tensor, or the end of its retention (position)"),
+    Field("t_last_own", lambda pt, wt: True, last_use_owner,
+          "bool: t_last_eff is this state's own list, shared with no copy (reshape.retain writes it in place; "
+          "a trial retention taken back then copies nothing: the list was copied once per retention before); "
+          "bookkeeping of the copies, not of the plan", cache=True),
     Field("t_until", lambda pt, wt: {}, dict_copy,
           "retained tensor -> position it stays resident through"),
     Field("s_retained", lambda pt, wt: {}, dict_copy,

@@ -144,7 +144,7 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
         qs = [q for q in tl.state.touch.get(s, ()) if a < q < b and q in tl.state.chains
               and any(tl.tables.t_storage[t] == s for t in tl.state.chains[q].made)]
         for q in sorted(qs):   # the earliest chain first (most saved); a later one where that does not fit
-            if int(tl.memory()[q:b].max()) + int(tl.windows.w_bytes[j]) > budget:
+            if int(tl.memory(q, b).max()) + int(tl.windows.w_bytes[j]) > budget:
                 continue
             made = [t for t in tl.state.chains[q].made if tl.tables.t_storage[t] == s]
             cost = tl.added_s()

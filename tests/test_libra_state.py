@@ -260,6 +260,30 @@ def test_a_swap_layer_known_current_is_the_layer_a_refresh_gives(seed):
         assert not layer_current(new.tables, new.windows, st, st.swap)
 
 
+@pytest.mark.parametrize("seed", [2, 22])   # decided() states whose swap-ins stall nowhere
+def test_a_swap_layer_stays_current_where_moved_chain_waits_stall_no_swap_in(seed):
+    """Where only the chains' first waits for swap-ins moved (``wait_q``, ``wait_off``), ``layer_current``
+    keeps the layer while no swap-in arrives after its wait, and the layer computed afresh equals it in every
+    field; a wait the swap-in cannot make (right after it is issued) is not kept, and the fresh layer stalls."""
+    from libra_opt.solvers.libra.swaps import layer_current, swap_layer
+    p, wins, tl, rng = decided(seed)
+    st = tl.state
+    tl.refresh_swaps()
+    layer = st.swap
+    assert layer.ids.size and not layer.stall_s.any()
+    assert layer_current(tl.tables, tl.windows, st, layer)
+    j, pos = int(layer.ids[0]), int(layer.prefetch[0])
+    b = int(st.w_b[j])
+    st.wait_q[j], st.wait_off[j] = b, 1e9   # a chain before the use that waits only after a long run
+    assert layer_current(tl.tables, tl.windows, st, layer)
+    fresh = swap_layer(tl.tables, tl.windows, st, layer.ids, st.regen_time)
+    for f in LAYER_FIELDS:
+        assert np.array_equal(getattr(fresh, f), getattr(layer, f)), f
+    st.wait_q[j], st.wait_off[j] = pos + 1, 0.0   # waits as soon as the swap-in is issued
+    assert not layer_current(tl.tables, tl.windows, st, layer)
+    assert swap_layer(tl.tables, tl.windows, st, layer.ids, st.regen_time).stall_s.sum() > 0
+
+
 def test_a_solve_gives_the_same_answer_with_the_current_swap_layers_refreshed_and_not(monkeypatch):
     """Whole hybrid solves (descents, undo pass, switches, finish) give the same plan, status, message and
     stated minimum where ``refresh_swaps`` skips the layers ``layer_current`` knows to be current and where it

@@ -182,7 +182,7 @@ FIELDS: tuple[Field, ...] = (
     Field("waits", lambda pt, wt: {}, dict_of_dicts_copy,
           "storage -> {position: chain time before the chain waits for its swap-in (s)}"),
     Field("dirty", lambda pt, wt: set(), set_copy,
-          "storages whose chains changed since the swap marks were refreshed"),
+          "storages whose chains changed since their windows' swap marks were refreshed (swaps.update_marks)"),
     # swap marks and the swap layer (swaps)
     Field("touch_first", lambda pt, wt: np.full(wt.nw, pt.N + 1, dtype=np.int64), array_copy,
           "int64 (W,): first chain inside each window that reads its storage (N + 1: none)"),

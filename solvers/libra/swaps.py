@@ -145,7 +145,7 @@ def release_bound(tl, idx: np.ndarray) -> np.ndarray:
         sp, ends = _copy_out_order(tl.windows.w_prod, sw)
         k = sp.searchsorted(prod, side="right") - 1
         issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
-    end = issue + tl.windows.w_bytes[idx] / tl.tables.d2h * (1.0 + tl.windows.margin)
+    end = issue + tl.windows.w_copy_s[idx, 1]   # (its copy out, s)
     return T.searchsorted(end, side="left")
 
 
@@ -246,10 +246,9 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         return empty_swap_layer(N, ids)
     removal = np.zeros(N + 2, dtype=np.int64)
     ids = np.sort(ids)
-    s, a, b, nbytes, prod = wt.w_s[ids], wt.w_a[ids], st.w_b[ids], wt.w_bytes[ids], wt.w_prod[ids]
-    f = 1.0 + wt.margin
-    d_in = nbytes / pt.h2d * f
-    d_out = nbytes / pt.d2h * f
+    sabp, copy_s, b = wt.w_sabp[ids], wt.w_copy_s[ids], st.w_b[ids]
+    s, a, nbytes, prod = sabp[:, 0], sabp[:, 1], sabp[:, 2], sabp[:, 3]
+    d_in, d_out = copy_s[:, 0], copy_s[:, 1]
     T = start_times(pt, st, regen_time)
     T_basis = T if T is st.T_cache else None   # the state's own chain times (layer_current)
     c = st.tend_cache

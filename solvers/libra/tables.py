@@ -112,10 +112,16 @@ class WindowTables:
         Storage -> its window ids (ascending).
     unique_storages : bool
         Every storage has at most one window.
+    w_sabp : ndarray of int64, shape (W, 4)
+        ``w_s``, ``w_a``, ``w_bytes``, ``w_prod`` side by side: the swap
+        layer gathers its windows' rows with one index.
+    w_copy_s : ndarray of float64, shape (W, 2)
+        Seconds each window's storage takes to copy to the device and to the
+        host (bytes / bandwidth, times ``1 + margin``).
     """
 
     __slots__ = ("nw", "margin", "w_s", "w_a", "w_a_l", "orig_b", "w_bytes", "w_prod", "w_rec_ok", "orig_hi",
-                 "orig_pts", "orig_maxhi", "s_windows", "unique_storages")
+                 "orig_pts", "orig_maxhi", "s_windows", "unique_storages", "w_sabp", "w_copy_s")
 
 
 def window_tables(pt: ProblemTables, windows, overlap_margin: float = 0.0) -> WindowTables:
@@ -146,4 +152,8 @@ def window_tables(pt: ProblemTables, windows, overlap_margin: float = 0.0) -> Wi
     for j, (s, _, _) in enumerate(windows):
         wt.s_windows.setdefault(s, []).append(j)
     wt.unique_storages = len(wt.s_windows) == len(windows)
+    wt.w_sabp = np.stack([wt.w_s, wt.w_a, wt.w_bytes, wt.w_prod], axis=1).reshape(len(windows), 4)
+    f = 1.0 + wt.margin
+    with np.errstate(divide="ignore", invalid="ignore"):   # (a device without copies: read only where it swaps)
+        wt.w_copy_s = np.stack([wt.w_bytes / pt.h2d * f, wt.w_bytes / pt.d2h * f], axis=1).reshape(len(windows), 2)
     return wt

@@ -260,12 +260,13 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     overlap = pt.overlap
     unique_storages = wt.unique_storages
     # copies out: one per storage, issued after its producer, serialized in issue order
-    if unique_storages:
-        uniq, first, inv = s, np.arange(len(s)), np.arange(len(s))
+    if unique_storages:   # every swap its storage's first: no gather by first / inv below
+        uniq, first, inv, prod_f, d_out_f = s, None, None, prod, d_out
     else:
         uniq, first, inv = np.unique(s, return_index=True, return_inverse=True)
-    o = np.lexsort((uniq, prod[first]))
-    d_o = d_out[first][o]
+        prod_f, d_out_f = prod[first], d_out[first]
+    o = np.lexsort((uniq, prod_f))
+    d_o, prod_o = d_out_f[o], prod_f[o]
     wt_ = st.wait[ids]
     if wait is not None:
         wt_ = np.where(ids == wait[0], wait[1], wt_)
@@ -281,12 +282,13 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     wt_ = np.where(wt_ > touch_first, -1, wt_)
     out_stall = None
     if overlap and (wt_ >= 0).any():   # waits for copies out: replay the queue with their stalls
-        ends_sorted, out_stall, stall_pos = out_waits(N, T, Tend, regen_time, len(ids), first, o, d_o,
-                                                      prod[first][o], wt_)
+        ends_sorted, out_stall, stall_pos = out_waits(N, T, Tend, regen_time, len(ids),
+                                                      np.arange(len(ids)) if first is None else first, o, d_o,
+                                                      prod_o, wt_)
         T = T + stall_pos.cumsum()
         Tend = T + pt.node_time
     else:
-        issue = Tend[prod[first][o]]
+        issue = Tend[prod_o]
         if overlap:
             S = d_o.cumsum()
             ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
@@ -294,12 +296,13 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
             ends_sorted = issue + d_o
     ends_u = np.empty_like(ends_sorted)
     ends_u[o] = ends_sorted
-    d2h_end = ends_u[inv]
+    d2h_end = ends_u if inv is None else ends_u[inv]
     # prefetches: walk the host-to-device queue backwards from each use (lowering's "auto")
     o = np.lexsort((s, -b))
-    use = T[b[o]] - regen_time[b[o]]
-    D = d_in[o].cumsum()
-    start = np.minimum.accumulate(use + (D - d_in[o])) - D
+    bo, d_in_o = b[o], d_in[o]
+    use = T[bo] - regen_time[bo]
+    D = d_in_o.cumsum()
+    start = np.minimum.accumulate(use + (D - d_in_o)) - D
     pos_o = Tend.searchsorted(start, side="right") - 1
     pos = np.empty_like(pos_o)
     pos[o] = pos_o
@@ -319,17 +322,19 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     stall = np.zeros(len(ids))
     wq = st.wait_q[ids]
     wo = st.wait_off[ids]
-    wpos = np.where(wq >= 0, wq, b)
-    woff = np.where(wq >= 0, wo, 0.0)
+    has_q = wq >= 0
+    wpos = np.where(has_q, wq, b)
+    woff = np.where(has_q, wo, 0.0)
     # a swap-in is issued after node pos, after the waits for copies out before node pos + 1
     issue_in = Tend[pos] if out_stall is None else T[pos + 1] - regen_time[pos + 1]
     if overlap:
         wait_at = T[wpos] - regen_time[wpos] + woff
         o_in = np.lexsort((s, b, pos))   # at one position: in order of use (lowering)
         ready = np.maximum(issue_in, d2h_end)[o_in]
-        S = d_in[o_in].cumsum()
+        d_in_q = d_in[o_in]
+        S = d_in_q.cumsum()
         arrive = np.empty(len(ids))
-        arrive[o_in] = S + np.maximum.accumulate(ready - (S - d_in[o_in]))
+        arrive[o_in] = S + np.maximum.accumulate(ready - (S - d_in_q))
         if (arrive > wait_at).any():
             stall = h2d_stalls(o_in, np.lexsort((s, woff, wpos)), wpos, pos, wait_at, issue_in, d_in, d2h_end,
                                S, arrive)
@@ -350,31 +355,36 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         late = d2h_end > issue_in + delay[pos]
         r0_late = np.maximum(pos + 2, T.searchsorted(d2h_end, side="left"))
     elif overlap:   # no stall: no delay
-        r0 = np.maximum(a + 1, T.searchsorted(d2h_end, side="left"))
+        after = T.searchsorted(d2h_end, side="left")   # the first node that starts after the copy out ends
+        r0 = np.maximum(a + 1, after)
         late = d2h_end > issue_in
-        r0_late = np.maximum(pos + 2, T.searchsorted(d2h_end, side="left"))
+        r0_late = np.maximum(pos + 2, after)
     else:
         r0 = a + 1
         late = np.zeros(len(ids), dtype=bool)
         r0_late = r0
     ok = (r0 <= pos) & ~late
-    np.add.at(removal, r0[ok], nbytes[ok])
-    np.add.at(removal, pos[ok] + 1, -nbytes[ok])
-    np.add.at(removal, pos[late] + 1, -nbytes[late])
-    np.add.at(removal, np.minimum(r0_late[late], N), nbytes[late])
+    nbytes_ok = nbytes[ok]
+    np.add.at(removal, r0[ok], nbytes_ok)
+    np.add.at(removal, pos[ok] + 1, -nbytes_ok)
+    any_late = bool(late.any())
+    if any_late:
+        np.add.at(removal, pos[late] + 1, -nbytes[late])
+        np.add.at(removal, np.minimum(r0_late[late], N), nbytes[late])
     removal = removal.cumsum()[:N]
     held = np.zeros(N, dtype=np.int64)
     if overlap:   # released during the chain that runs before r0: held while the chain runs
         r0c = np.minimum(r0, N - 1)
         chain_start = (T[r0c] + delay[r0c] if stalled else T[r0c]) - regen_time[r0c]
         h = ok & (regen_time[r0c] > 0) & (d2h_end > chain_start)
-        np.add.at(held, r0c[h], nbytes[h])
+        if h.any():
+            np.add.at(held, r0c[h], nbytes[h])
     if out_stall is not None:
         stall = stall + out_stall
     # (the start times by weak reference: a layer kept in a cached effect does not keep them alive)
     basis = None if T_basis is None else (weakref.ref(T_basis), b, wait_basis, floor_basis, touch_first, wq, wo,
                                           unfelt)
-    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, bool(late.any()), wt_, basis)
+    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, any_late, wt_, basis)
 
 
 def layer_current(pt, wt, st, layer: SwapLayer) -> bool:
@@ -419,8 +429,9 @@ def _waits_unfelt(st, layer: SwapLayer, wq: np.ndarray, wo: np.ndarray) -> bool:
     if arrive is None:
         return False
     b = layer.basis[1]
-    wpos = np.where(wq >= 0, wq, b)
-    woff = np.where(wq >= 0, wo, 0.0)
+    has_q = wq >= 0
+    wpos = np.where(has_q, wq, b)
+    woff = np.where(has_q, wo, 0.0)
     return not (arrive > st.T_cache[wpos] - st.regen_time[wpos] + woff).any()
 
 

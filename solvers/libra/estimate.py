@@ -541,7 +541,7 @@ class Timeline:
 
     def move_window_back(self, j: int, state: WindowEnd) -> None:
         """Put back the end of a *kept* window saved by :meth:`window_state`."""
-        reshape.move_window_back(self.state, j, state)
+        reshape.move_window_back(self.windows, self.state, j, state)
 
     def move_end(self, j: int, q: int | None = None, regenerated=(), state: WindowEnd | None = None,
                  replay: bool = True) -> None:

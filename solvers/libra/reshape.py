@@ -49,6 +49,7 @@ def set_end(pt, wt, st, j: int, q: int, regenerated) -> None:
     st.w_hi[j] = hi
     st.w_pts[j] = tuple(sorted(set(hi.values())))
     st.w_maxhi[j] = max(hi.values()) if hi else q
+    st.dirty.add(s)   # its swap marks are over the window: refreshed when a swap layer next reads them
 
 
 def set_before(pt, wt, st, j: int, q: int, regenerated) -> None:
@@ -70,10 +71,11 @@ def window_state(st, j: int) -> WindowEnd:
     return WindowEnd(int(st.w_b[j]), st.w_hi[j], st.w_pts[j], int(st.w_maxhi[j]))
 
 
-def move_window_back(st, j: int, saved: WindowEnd) -> None:
+def move_window_back(wt, st, j: int, saved: WindowEnd) -> None:
     """Put back the end of a *kept* window saved by :func:`window_state`
     (after trying another end with :func:`set_before`)."""
     st.w_b[j], st.w_hi[j], st.w_pts[j], st.w_maxhi[j] = saved
+    st.dirty.add(int(wt.w_s[j]))
 
 
 def move_end(pt, wt, st, j: int, q: int | None = None, regenerated=(), saved: WindowEnd | None = None) -> set[int]:
@@ -98,7 +100,7 @@ def move_end(pt, wt, st, j: int, q: int | None = None, regenerated=(), saved: Wi
     if saved is None:
         set_end(pt, wt, st, j, q, regenerated)
     else:
-        move_window_back(st, j, saved)
+        move_window_back(wt, st, j, saved)
     b = int(st.w_b[j])
     st.R_rec[a + 1:b] += nbytes
     st.C[a + 1:b] -= nbytes

@@ -423,8 +423,11 @@ def _waits_unfelt(st, layer: SwapLayer, wq: np.ndarray, wo: np.ndarray) -> bool:
     all arrived before the waits it was computed with (no stall of the
     host-to-device queue, where the waits are read at all) and all arrive
     before these, by :func:`swap_layer`'s own arithmetic on the same start
-    times.  ``h100_gpt2-medium_b8``, hybrid at 0.5: 172 of a descent's 586
-    refreshes of a layer that was not known current are skipped so."""
+    times (where copies out stalled, the layer's own start times are those
+    plus the stalls, later: a swap-in arriving before a wait here arrives
+    before it there).  ``h100_gpt2-medium_b8``, hybrid at 0.5: 172 of a
+    descent's 586 refreshes of a layer that was not known current are
+    skipped so."""
     arrive = layer.basis[7]
     if arrive is None:
         return False

@@ -427,9 +427,9 @@ def _waits_unfelt(st, layer: SwapLayer, wq: np.ndarray, wo: np.ndarray) -> bool:
     before these, by :func:`swap_layer`'s own arithmetic on the same start
     times (where copies out stalled, the layer's own start times are those
     plus the stalls, later: a swap-in arriving before a wait here arrives
-    before it there).  ``h100_gpt2-medium_b8``, hybrid at 0.5: 172 of a
-    descent's 586 refreshes of a layer that was not known current are
-    skipped so."""
+    before it there).  ``h100_gpt2-medium_b8``, two hybrid descents to 0.5
+    of its peak: 172 of their 586 refreshes of a layer that was not known
+    current are skipped so."""
     arrive = layer.basis[7]
     if arrive is None:
         return False

@@ -112,6 +112,18 @@ def start_times(pt, st, regen_time: np.ndarray | None = None) -> np.ndarray:
 
 
 
+def end_times(pt, st, T: np.ndarray) -> np.ndarray:
+    """End time of each node for the start times ``T`` (shape ``(N,)``, s):
+    ``T + pt.node_time``, kept in ``st.tend_cache`` for the last ``T`` asked
+    (by identity: start times are replaced, never mutated)."""
+    c = st.tend_cache
+    if c is not None and c[0] is T:
+        return c[1]
+    Tend = T + pt.node_time
+    st.tend_cache = (T, Tend)
+    return Tend
+
+
 def _copy_out_order(w_prod: np.ndarray, layer: SwapLayer) -> tuple[np.ndarray, np.ndarray]:
     """The producers of ``layer``'s swaps in ascending order (``w_prod``:
     each window's producer position) and the running maximum of their copies'
@@ -139,7 +151,7 @@ def release_bound(tl, idx: np.ndarray) -> np.ndarray:
     can end before an earlier one)."""
     T = tl.start_times()
     prod = tl.windows.w_prod[idx]
-    issue = T[prod] + tl.tables.node_time[prod]
+    issue = end_times(tl.tables, tl.state, T)[prod]
     sw = tl.state.swap
     if len(sw.ids):
         sp, ends = _copy_out_order(tl.windows.w_prod, sw)
@@ -251,12 +263,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     d_in, d_out = copy_s[:, 0], copy_s[:, 1]
     T = start_times(pt, st, regen_time)
     T_basis = T if T is st.T_cache else None   # the state's own chain times (layer_current)
-    c = st.tend_cache
-    if c is not None and c[0] is T:   # end times of the cached start times
-        Tend = c[1]
-    else:
-        Tend = T + pt.node_time
-        st.tend_cache = (T, Tend)
+    Tend = end_times(pt, st, T)
     overlap = pt.overlap
     unique_storages = wt.unique_storages
     # copies out: one per storage, issued after its producer, serialized in issue order
@@ -322,13 +329,10 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     stall = np.zeros(len(ids))
     wq = st.wait_q[ids]
     wo = st.wait_off[ids]
-    has_q = wq >= 0
-    wpos = np.where(has_q, wq, b)
-    woff = np.where(has_q, wo, 0.0)
     # a swap-in is issued after node pos, after the waits for copies out before node pos + 1
     issue_in = Tend[pos] if out_stall is None else T[pos + 1] - regen_time[pos + 1]
     if overlap:
-        wait_at = T[wpos] - regen_time[wpos] + woff
+        wpos, woff, wait_at = _first_waits(T, regen_time, b, wq, wo)
         o_in = np.lexsort((s, b, pos))   # at one position: in order of use (lowering)
         ready = np.maximum(issue_in, d2h_end)[o_in]
         d_in_q = d_in[o_in]
@@ -418,6 +422,21 @@ def layer_current(pt, wt, st, layer: SwapLayer) -> bool:
     return _waits_unfelt(st, layer, wq, wo)
 
 
+def _first_waits(T: np.ndarray, regen_time: np.ndarray, b: np.ndarray, wq: np.ndarray, wo: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where and when each swap's swap-in must have arrived: the first
+    chain inside its window that waits for it (``wq``: position, -1 none;
+    ``wo``: chain time before that wait, s), else its use ``b``.  Returns
+    ``(position, offset s, time s)``, each shape ``(n,)``, the time on the
+    start times ``T`` and chain times ``regen_time`` (shape ``(N,)``, s).
+    One arithmetic for :func:`swap_layer` and :func:`_waits_unfelt`, which
+    compares with it."""
+    has_q = wq >= 0
+    wpos = np.where(has_q, wq, b)
+    woff = np.where(has_q, wo, 0.0)
+    return wpos, woff, T[wpos] - regen_time[wpos] + woff
+
+
 def _waits_unfelt(st, layer: SwapLayer, wq: np.ndarray, wo: np.ndarray) -> bool:
     """Whether the chains' first waits for each swap-in of ``layer`` (``wq``:
     position per swap, -1 none; ``wo``: chain time before the wait, s), which
@@ -433,11 +452,7 @@ def _waits_unfelt(st, layer: SwapLayer, wq: np.ndarray, wo: np.ndarray) -> bool:
     arrive = layer.basis[7]
     if arrive is None:
         return False
-    b = layer.basis[1]
-    has_q = wq >= 0
-    wpos = np.where(has_q, wq, b)
-    woff = np.where(has_q, wo, 0.0)
-    return not (arrive > st.T_cache[wpos] - st.regen_time[wpos] + woff).any()
+    return not (arrive > _first_waits(st.T_cache, st.regen_time, layer.basis[1], wq, wo)[2]).any()
 
 
 #: rounds of :func:`h2d_stalls`' fixed-point iteration before it replays the queue one copy at a time

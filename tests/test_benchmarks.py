@@ -1,7 +1,6 @@
 """benchmarks/headline.py and benchmarks/gpu_check.py: the CPU-runnable parts
 (results accumulation, table rendering, keyword handling, target evaluation,
 the command lines) on a tiny model."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -15,23 +14,11 @@ import torch
 
 from libra_opt.errors import LibraOptError
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+from _benchmark_scripts import BENCH, load_benchmark
 
 
-def _load(name):
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod   # dataclasses look their module up; gpu_check imports headline by this name
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-hl = _load("headline")
-gc_ = _load("gpu_check")
+hl = load_benchmark("headline")
+gc_ = load_benchmark("gpu_check")   # (it imports headline by that name)
 
 
 def test_headline_lists_every_method_of_issues_10_and_11():
@@ -194,7 +181,7 @@ def test_max_batch_entries_keep_planned_and_measured_peaks(monkeypatch):
 def test_optimality_table_marks_hybrid_n_a_without_hybrid_milp_and_gaps_are_valid(tmp_path, capsys):
     from libra_opt.frontend.generators import random_layered_graph_dict
 
-    opt = _load("optimality")
+    opt = load_benchmark("optimality")
     (tmp_path / "g").mkdir()
     (tmp_path / "g" / "tiny.json").write_text(json.dumps(random_layered_graph_dict(14, seed=0)))
     out = tmp_path / "rows.csv"
@@ -223,7 +210,7 @@ def test_solve_rate_writes_a_row_per_solver_and_budget(tmp_path, capsys):
     policy) x budget has a row with positive times in the CSV, and the summary names every solver."""
     import csv
 
-    sr = _load("solve_rate")
+    sr = load_benchmark("solve_rate")
     rows = sr.solver_rows()
     labels = {r.label for r in rows}
     assert {"libra-hybrid", "libra-recompute", "libra-swap", "none", "checkpoint-all", "chen-sqrt", "chen-greedy",

@@ -21,6 +21,7 @@ from libra_opt.solvers import solve
 from libra_opt.solvers.checkmate.model import CheckmateGraph
 from libra_opt.solvers.checkmate.plan import s_mask, schedule_from_rs, solve_r_opt
 from libra_opt.solvers.checkmate.hybrid_model import HybridModel, swappable_values
+from _benchmark_scripts import load_benchmark
 from test_checkmate import diamond, linear_network, unet
 
 REL = 1e-6
@@ -276,24 +277,12 @@ def test_ctrl_c_stops_the_milp_without_a_plan(tmp_path):
     assert os.listdir(tmp_path / "tmp") == []
 
 
-def _benchmark_script():
-    """``benchmarks/hybrid_optimality.py`` imported as a module (the benchmarks are not a package)."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "hybrid_optimality.py"
-    spec = importlib.util.spec_from_file_location("hybrid_optimality", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_benchmark_script_writes_one_row_per_solve(tmp_path):
     """``benchmarks/hybrid_optimality.py`` on a generated 10-node graph: one CSV row per
     (bandwidth, budget), each with a status, and the bound below the time where there is a plan."""
     import csv
 
-    mod = _benchmark_script()
+    mod = load_benchmark("hybrid_optimality")
     out = tmp_path / "rows.csv"
     assert mod.main(["--generate", "10", "--only", "gen", "--budgets", "0.8", "--bandwidths", "1,4",
                      "--time-limit", "10", "--out", str(out)]) == 0
@@ -311,7 +300,7 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
 def test_benchmark_summary_counts_the_target():
     """The summary of ``hybrid_optimality.py``: a proven row or one within the target gap is met, a
     larger gap or no plan is missed, an infeasible budget is neither."""
-    mod = _benchmark_script()
+    mod = load_benchmark("hybrid_optimality")
     rows = [dict(status="optimal", gap="0.0"), dict(status="time_limit", gap="0.049"),
             dict(status="time_limit", gap="0.051"), dict(status="time_limit", gap=""),
             dict(status="infeasible", gap="")]

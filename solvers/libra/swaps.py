@@ -112,7 +112,7 @@ def start_times(pt, st, regen_time: np.ndarray | None = None) -> np.ndarray:
 
 
 
-def end_times(pt, st, T: np.ndarray) -> np.ndarray:
+def _end_times(pt, st, T: np.ndarray) -> np.ndarray:
     """End time of each node for the start times ``T`` (shape ``(N,)``, s):
     ``T + pt.node_time``, kept in ``st.tend_cache`` for the last ``T`` asked
     (by identity: start times are replaced, never mutated)."""
@@ -151,7 +151,7 @@ def release_bound(tl, idx: np.ndarray) -> np.ndarray:
     can end before an earlier one)."""
     T = tl.start_times()
     prod = tl.windows.w_prod[idx]
-    issue = end_times(tl.tables, tl.state, T)[prod]
+    issue = _end_times(tl.tables, tl.state, T)[prod]
     sw = tl.state.swap
     if len(sw.ids):
         sp, ends = _copy_out_order(tl.windows.w_prod, sw)
@@ -263,7 +263,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     d_in, d_out = copy_s[:, 0], copy_s[:, 1]
     T = start_times(pt, st, regen_time)
     T_basis = T if T is st.T_cache else None   # the state's own chain times (layer_current)
-    Tend = end_times(pt, st, T)
+    Tend = _end_times(pt, st, T)
     overlap = pt.overlap
     unique_storages = wt.unique_storages
     # copies out: one per storage, issued after its producer, serialized in issue order

@@ -486,10 +486,10 @@ def test_cli_solve_and_sweep(tmp_path, capsys):
     assert main(["solve", str(f), "--budget", "0.05"]) == 1
 
 
-def test_a_trial_taken_back_restores_the_chains_a_replay_gives():
-    """``Timeline.recording`` / ``restore_chains``: a retention tried and taken back without
-    replaying (``replay=False``) leaves the chains, the memory and the added time as they were,
-    each chain equal to a fresh replay; nested recordings pass what they saw to the outer one."""
+def _descended_with_retainable_inputs():
+    """A recompute-only descent to 0.7 of the peak of ``random_layered_graph(40, seed=1)`` and the
+    ``(position, tensor)`` pairs whose chain regenerates a retainable tensor freed after its last
+    use: ``(problem, refiner, timeline, pairs)``."""
     from libra_opt.frontend import generators as G
     from libra_opt.solvers.libra.refine import Refiner
     from libra_opt.solvers.libra.solver import LibraOptions
@@ -501,6 +501,41 @@ def test_a_trial_taken_back_restores_the_chains_a_replay_gives():
     cands = [(q, t) for q, ch in sorted(tl.state.chains.items()) if ch is not None for t in ch.made
              if tl.state.t_last_eff[t] < q and tl.retainable(t)]
     assert cands
+    return p, ref, tl, cands
+
+
+def test_a_descent_offers_no_window_of_a_retained_storage():
+    """``Refiner.candidates`` leaves out the windows of a storage with retained tensors (a storage is
+    either evicted or retained: ``_evaluate`` refuses each of them), so they are neither evaluated
+    nor counted against ``MAX_EVALS_PER_STEP``; the other windows in range stay candidates."""
+    from libra_opt.solvers.libra.codes import KEEP
+
+    p, ref, tl, cands = _descended_with_retainable_inputs()
+    for q, t in cands[:4]:
+        tl.retain(t, q)
+    retained = set(tl.state.s_retained)
+    assert retained
+    w_s, st = tl.windows.w_s, tl.state
+    left_out = 0
+    for pos in range(p.num_nodes):
+        idx = ref.candidates(tl, pos).tolist()
+        assert not any(int(w_s[j]) in retained for j in idx)
+        in_range = [j for j in range(len(w_s)) if ref.enabled[j] and ref.lo[j] <= pos <= st.w_b[j] - 1
+                    and st.pol[j] == KEEP]
+        for j in in_range:
+            if int(w_s[j]) in retained:
+                left_out += 1
+                assert ref.evaluate(tl, j, pos, 0, None, ref.costs) is None   # refused all the same
+            else:
+                assert j in idx
+    assert left_out
+
+
+def test_a_trial_taken_back_restores_the_chains_a_replay_gives():
+    """``Timeline.recording`` / ``restore_chains``: a retention tried and taken back without
+    replaying (``replay=False``) leaves the chains, the memory and the added time as they were,
+    each chain equal to a fresh replay; nested recordings pass what they saw to the outer one."""
+    p, ref, tl, cands = _descended_with_retainable_inputs()
     chains, mem, cost = dict(tl.state.chains), tl.memory().copy(), tl.added_s()
     changed = 0
     for q, t in cands[:6]:

@@ -300,7 +300,9 @@ class Refiner:
         """Window ids a move may change at peak position ``p``: kept windows
         around ``p``; swapped ones whose swap-in comes back before ``p`` (to
         switch to recomputation or delay the swap-in); in hybrid mode,
-        recomputed ones whose chain runs at ``p`` (to switch to a swap)."""
+        recomputed ones whose chain runs at ``p`` (to switch to a swap); none
+        of a storage with retained tensors (``tl.state.s_retained``: a storage
+        is either evicted or retained)."""
         rng = (self.lo <= p) & (tl.state.w_b - 1 >= p) & self.enabled
         mask = rng & (tl.state.pol == KEEP)
         if self.allow_swap:
@@ -311,6 +313,11 @@ class Refiner:
                      if tl.state.pol[j] == REC and tl.windows.w_a[j] < p <= tl.state.w_maxhi[j]]
             if extra:   # into the mask (np.union1d sorted every candidate again: O(W log W) a step)
                 mask[extra] = True
+        if tl.state.s_retained:   # _evaluate refuses them: not evaluated, nor counted in MAX_EVALS_PER_STEP
+            sw = tl.windows.s_windows
+            out = [j for s in tl.state.s_retained for j in sw.get(s, ())]
+            if out:
+                mask[out] = False
         return mask.nonzero()[0]
 
     def _select(self, p: int, peak: int, mem: np.ndarray) -> Move | None:

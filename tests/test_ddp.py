@@ -11,6 +11,7 @@ import json
 import os
 import re
 import socket
+import sys
 import warnings
 from pathlib import Path
 
@@ -220,6 +221,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(res))
         if dist.is_initialized():
             dist.destroy_process_group()
+    # every check ran and its results are written: leave without the interpreter's finalization, where
+    # gloo's worker threads can still hold work objects and abort the process ("terminate called without
+    # an active exception", SIGABRT; pytorch/pytorch#179291), failing a spawn whose checks all passed.
+    # (An exception above propagates as before: torch.multiprocessing.spawn reports it.)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")

@@ -531,6 +531,25 @@ def test_a_descent_offers_no_window_of_a_retained_storage():
     assert left_out
 
 
+@pytest.mark.parametrize("policy,waits", [("recompute", None), ("hybrid", False), ("swap", None)])
+def test_option_costs_of_options_a_descent_never_takes_stay_infinite(policy, waits):
+    """The selection reads only the option columns a descent may take (``Refiner._select``: in
+    recompute-only mode the recompute column alone, without waits no waiting column): the others
+    stay ``inf`` through a descent to its end."""
+    from libra_opt.solvers.libra.refine import _O_HID, _O_LATE, _O_REC, _O_WAIT, Refiner
+    from libra_opt.solvers.libra.solver import LibraOptions
+
+    p = random_layered_graph(60, seed=3)
+    opts = LibraOptions(policy=policy, swap_waits=waits)
+    ref = Refiner(p, opts)
+    ref.descend([0], to_end=True)
+    assert ref.step > 0
+    cost = ref.costs.cost
+    never = {"recompute": [_O_HID, _O_LATE, _O_WAIT], "hybrid": [_O_WAIT], "swap": [_O_REC]}[policy]
+    assert np.isinf(cost[:, never]).all()
+    assert np.isfinite(cost[:, [c for c in range(4) if c not in never]]).any()
+
+
 def test_a_trial_taken_back_restores_the_chains_a_replay_gives():
     """``Timeline.recording`` / ``restore_chains``: a retention tried and taken back without
     replaying (``replay=False``) leaves the chains, the memory and the added time as they were,

@@ -303,7 +303,7 @@ class Refiner:
         recomputed ones whose chain runs at ``p`` (to switch to a swap); none
         of a storage with retained tensors (``tl.state.s_retained``: a storage
         is either evicted or retained)."""
-        rng = (self.lo <= p) & (tl.state.w_b - 1 >= p) & self.enabled
+        rng = (self.lo <= p) & (tl.state.w_b > p) & self.enabled   # (lo <= p <= w_b - 1)
         mask = rng & (tl.state.pol == KEEP)
         if self.allow_swap:
             mask |= rng & (tl.state.pol == SWAP) & ~((tl.state.sw_r0 <= p) & (p <= tl.state.sw_pos))
@@ -328,20 +328,28 @@ class Refiner:
         if not len(idx):
             return None
         costs = self.costs
-        c = costs.cost[idx]
         # options whose raised point is known: out while it still reaches the peak
         r, col, at = self._raised_points(idx, p)
-        if len(r):
-            hit = mem[at] + self.bmem[idx[r], col] >= peak
-            c[r[hit], col[hit]] = np.inf
-        lo, hi = np.maximum(costs.hid_lo[idx], self._release_bound(tl, idx)), costs.hid_hi[idx]
-        self.rel_lo[idx] = lo   # read by _evaluate during this selection
-        c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
-        # a swapped window's swap-in may be delayed past p where it is issued before p
-        late_hi = np.where(tl.state.pol[idx] == SWAP, tl.state.sw_pos[idx], hi)
-        c[~((p > late_hi) & (p >= lo)), _O_LATE] = np.inf
-        c[~(p < np.maximum(lo, np.where(tl.state.pol[idx] == SWAP, tl.state.sw_r0[idx], 0))), _O_WAIT] = np.inf
-        best = np.minimum(np.minimum(c[:, 0], c[:, 1]), np.minimum(c[:, 2], c[:, 3]))   # c.min(axis=1), faster
+        hit = mem[at] + self.bmem[idx[r], col] >= peak if len(r) else None
+        if not self.allow_swap:   # recompute only: the swap columns are inf (never evaluated)
+            best = costs.cost[idx, _O_REC]
+            if hit is not None:
+                best[r[hit & (col == _O_REC)]] = np.inf
+        else:
+            c = costs.cost[idx]
+            if hit is not None:
+                c[r[hit], col[hit]] = np.inf
+            lo, hi = np.maximum(costs.hid_lo[idx], self._release_bound(tl, idx)), costs.hid_hi[idx]
+            self.rel_lo[idx] = lo   # read by _evaluate during this selection
+            c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
+            # a swapped window's swap-in may be delayed past p where it is issued before p
+            swapped = tl.state.pol[idx] == SWAP
+            late_hi = np.where(swapped, tl.state.sw_pos[idx], hi)
+            c[~((p > late_hi) & (p >= lo)), _O_LATE] = np.inf
+            best = np.minimum(np.minimum(c[:, 0], c[:, 1]), c[:, 2])   # c.min(axis=1), faster
+            if self.allow_wait:   # (else the column is inf: no waiting option is ever evaluated)
+                c[~(p < np.maximum(lo, np.where(swapped, tl.state.sw_r0[idx], 0))), _O_WAIT] = np.inf
+                best = np.minimum(best, c[:, 3])
         local = np.where(np.isfinite(best), tl.windows.w_bytes[idx] / np.maximum(best, self.eps), -np.inf)
         fresh_best = None
         evals = 0

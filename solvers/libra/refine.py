@@ -169,6 +169,9 @@ class Refiner:
         # the cached recompute cost of a window (its selection bound) is the cheapest admissible recompute
         # option found, variants included (True; LibraSolver's portfolio) or the plain recomputation's
         self.variant_bounds = False
+        # run only for cheaper plans where other descents meet a budget (LibraSolver._waiting_hybrid): its plans
+        # are finished apart from the others' (LibraSolver._libra_plan)
+        self.apart = False
         self.missed_by: "Refiner | None" = None   # run only for the budgets this descent misses (LibraSolver)
         self._final: Snapshot | None = None
         self.undo_memo: dict = {}   # (id(snapshot), budget) -> the undo pass's result (finish.Finisher._undone)
@@ -196,8 +199,10 @@ class Refiner:
 
     @property
     def label(self) -> str:
-        """The name a plan of this descent gets in ``extras["descent"]``: its policy."""
-        return self.opts.policy
+        """The name a plan of this descent gets in ``extras["descent"]``: its
+        policy, ``"-waits"`` added for a descent run apart that waits for
+        copies out (:attr:`apart`, ``LibraSolver._waiting_hybrid``)."""
+        return f"{self.opts.policy}-waits" if self.apart else self.opts.policy
 
     def clock_s(self) -> float:
         """Seconds this descent has spent refining (inside :meth:`descend`),

@@ -183,7 +183,12 @@ class LibraOptions:
         otherwise, and such a descent takes many more steps: seconds on
         thousands of nodes), so that hybrid reaches as low as swap-only
         mode (on problems of more than ``LibraSolver.POOL_MAX_NODES`` nodes
-        within ``LibraSolver.SWAP_WAIT_SHARE`` of the other descents' time).  ``True`` / ``False``: every descent does / none does.
+        within ``LibraSolver.SWAP_WAIT_SHARE`` of the other descents' time),
+        and where it meets the budget a hybrid descent with waits too, whose
+        plan (``extras["descent"]`` ``"hybrid-waits"``) is returned where it
+        is cheaper (``LibraSolver._waiting_hybrid``: it recomputes what is
+        cheap to regenerate and waits only for the rest).  ``True`` /
+        ``False``: every descent does / none does.
     windows : {"auto", "default", "all"}
         Candidate eviction windows: ``"default"`` one per storage
         (:func:`~libra_opt.passes.lowering.default_windows`), ``"all"`` every gap
@@ -580,8 +585,8 @@ class LibraSolver(Solver):
         return o
 
     def _fallbacks(self, problem: RematProblem, refs: list[Refiner], budgets: list[int],
-                   snaps: list[dict], force: bool = False, reuse: list[Refiner] | None = None
-                   ) -> tuple[list[Refiner], list[dict]]:
+                   snaps: list[dict], force: bool = False, reuse: list[Refiner] | None = None,
+                   cheaper: bool = True) -> tuple[list[Refiner], list[dict]]:
         """For the budgets no descent reached: descents without early
         regeneration, when some descent took an early regeneration (which
         holds memory and can end a greedy descent sooner), and, with
@@ -607,7 +612,11 @@ class LibraSolver(Solver):
         them), as a solve of several budgets runs them for one it misses.
         ``reuse``: the plain fallback descents an earlier call of the same
         solve built (the tightening's rounds): one of the same options is
-        taken from there, rewound (:meth:`_plain`), instead of a new one."""
+        taken from there, rewound (:meth:`_plain`), instead of a new one.
+        ``cheaper``: where the swap-only descent that waits ran, the budgets
+        the fallbacks met get a hybrid descent that waits too
+        (:meth:`_waiting_hybrid`: cheaper plans, no lower reach); ``False``
+        for a caller that only asks which budgets are met (the tightening)."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
         if not missing:
             return [], []
@@ -648,7 +657,39 @@ class LibraSolver(Solver):
             return bulk, bulk_snaps
         for ref in more:
             ref.asked = set(missing)
-        return more + bulk, self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs)) + bulk_snaps
+        more_snaps = self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs)) + bulk_snaps
+        more += bulk
+        if cheaper and any(ref.allow_wait and ref.opts.policy == "swap" for ref in more):
+            wait, wait_snaps = self._waiting_hybrid(problem, refs, missing, more_snaps, refs + more)
+            more, more_snaps = more + wait, more_snaps + wait_snaps
+        return more, more_snaps
+
+    def _waiting_hybrid(self, problem: RematProblem, refs: list[Refiner], budgets: list[int], snaps: list[dict],
+                        ran: list[Refiner]) -> tuple[list[Refiner], list[dict]]:
+        """For the budgets of ``budgets`` a fallback met (``snaps``: theirs),
+        a hybrid descent that may wait for copies out (``swap_waits=True``, the
+        main descent's other options), where the fallbacks included the
+        swap-only one that waits (:meth:`_fallbacks`): at a budget only waiting
+        reaches, that one swaps every storage it evicts and pays every stall,
+        where a hybrid descent recomputes what is cheap to regenerate and waits
+        only for the rest.  ``random_layered_n100`` with copies as slow as
+        compute (copying the no-remat peak once takes one step) at 0.5 of its
+        peak: 1.52 -> 0.64 of the compute time added; with copies 4x slower,
+        6.41 -> 2.97 at 0.5 and 1.17 -> 0.81 at 0.7.  On problems of more
+        than :attr:`POOL_MAX_NODES` nodes for at most :attr:`SWAP_WAIT_SHARE`
+        of the time the others took.  ``ran``: every descent the solve ran
+        (their clocks share ``time_limit_s``).  ``([descent], [its snapshots])``,
+        or ``([], [])`` where no fallback met a budget."""
+        met = [b for b in budgets if any(s.get(b) is not None for s in snaps)]
+        if not met:
+            return [], []
+        ref = Refiner(problem, dataclasses.replace(refs[0].opts, swap_waits=True))
+        ref.apart = True
+        spent = sum(r.clock_s() for r in ran)
+        if self.options.time_limit_s is None and problem.num_nodes > self.POOL_MAX_NODES:
+            ref.time_limit_s = self.SWAP_WAIT_SHARE * max(spent, 1.0)
+        ref.asked = set(met)
+        return [ref], self._descend_all([ref], met, spent_s=spent)
 
     def _plain(self, problem: RematProblem, opts: LibraOptions, budgets: list[int],
                reuse: list[Refiner] | None) -> Refiner:
@@ -966,7 +1007,7 @@ class LibraSolver(Solver):
         this round builds are added to it, for the next round."""
         refs = ran if ran is not None and all(ref.rewind(max(budgets)) for ref in ran) else self._refiners(problem)
         snaps = self._descend_all(refs, budgets)
-        more, more_snaps = self._fallbacks(problem, refs, budgets, snaps, reuse=list(ran_more or ()))
+        more, more_snaps = self._fallbacks(problem, refs, budgets, snaps, reuse=list(ran_more or ()), cheaper=False)
         if ran_more is not None:   # the fallbacks this round built: a later round rewinds them (_plain)
             built = [ref for ref in more if all(ref is not r for r in ran_more)]
             ran_more.extend(built)
@@ -1089,7 +1130,61 @@ class LibraSolver(Solver):
 
     def _libra_plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int, met_only: bool = False
                     ) -> RawSolution | None:
-        """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``."""
+        """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``.
+        The plans of descents run only for cheaper plans (``Refiner.apart``:
+        :meth:`_waiting_hybrid`) are finished apart from the others' (exchange
+        moves and policy switches pick among the plans they are given), and the
+        cheaper simulated plan of the two is returned: never costlier than
+        without those descents."""
+        groups = [[k for k, ref in enumerate(refs) if ref.apart == flag] for flag in (False, True)]
+        best = None
+        for ks in groups:
+            if not ks:
+                continue
+            found = self._finished([refs[k] for k in ks], [snaps[k] for k in ks], budget, met_only)
+            if found is not None and (best is None or found.plan.simulation.added_s < best[0].plan.simulation.added_s):
+                best = (found, refs[ks[found.descent]])
+            if best is not None and met_only:
+                break
+        if best is not None:
+            found, ref = best
+            return self._raw(found.plan, ref.label + found.tag)
+        polish = not met_only
+        for ref in refs:
+            final = ref.final()
+            if ref.min_feasible_bytes() <= budget:
+                if met_only:   # met: the plan min_feasible_bytes measured (the undo pass of an end takes seconds)
+                    return self._raw(ref.as_lowered(final), ref.label)
+                plan = (ref.finish(final, budget, polish=polish) or ref.finish(final, budget, undo=False, repair=False)
+                        or ref.as_lowered(final))   # the plan min_feasible_bytes measured
+                return self._raw(plan, ref.label)
+        # the end of a descent over the budget as it is can fit once the undo pass gives back the
+        # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
+        last = None
+        for ref in refs:
+            final = ref.final()
+            prepared = ref.prepare(final, budget, exchange=False, polish=False)
+            if prepared.timeline.peak()[0] <= budget:   # the passes that save time keep it within the budget
+                if polish:
+                    prepared = ref.prepare(final, budget, exchange=False)
+                plan = ref.realize(prepared, final, budget)
+                if plan is not None and (last is None or plan.simulation.added_s < last[0].simulation.added_s):
+                    last = (plan, ref)
+                    if met_only:
+                        break
+        if last is not None:
+            return self._raw(last[0], last[1].label)
+        return None
+
+    def _finished(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int, met_only: bool
+                  ) -> _Found | None:
+        """The cheapest simulated plan within ``budget`` from the snapshots
+        ``snaps`` of the descents ``refs``: each prepared (descents that stopped
+        in the same state share one), exchange moves from those near the
+        cheapest estimate, then, in hybrid mode, policy switches on the plans
+        (:meth:`_switched`), each switched plan kept where it simulates
+        cheaper; ``None`` where none lowers within it.  ``_Found.descent``
+        indexes ``refs``."""
         polish = not met_only
         cands = []
         seen: dict[tuple, tuple] = {}   # descents that stopped in the same state share one prepared plan
@@ -1119,33 +1214,7 @@ class LibraSolver(Solver):
                                    below=best.plan.simulation.added_s)
             if found is not None and found.plan.simulation.added_s < best.plan.simulation.added_s:
                 best = found
-        if best is not None:
-            return self._raw(best.plan, refs[best.descent].label + best.tag)
-        for ref in refs:
-            final = ref.final()
-            if ref.min_feasible_bytes() <= budget:
-                if met_only:   # met: the plan min_feasible_bytes measured (the undo pass of an end takes seconds)
-                    return self._raw(ref.as_lowered(final), ref.label)
-                plan = (ref.finish(final, budget, polish=polish) or ref.finish(final, budget, undo=False, repair=False)
-                        or ref.as_lowered(final))   # the plan min_feasible_bytes measured
-                return self._raw(plan, ref.label)
-        # the end of a descent over the budget as it is can fit once the undo pass gives back the
-        # decisions that raise memory elsewhere (an eviction whose regeneration lands on a new peak)
-        last = None
-        for ref in refs:
-            final = ref.final()
-            prepared = ref.prepare(final, budget, exchange=False, polish=False)
-            if prepared.timeline.peak()[0] <= budget:   # the passes that save time keep it within the budget
-                if polish:
-                    prepared = ref.prepare(final, budget, exchange=False)
-                plan = ref.realize(prepared, final, budget)
-                if plan is not None and (last is None or plan.simulation.added_s < last[0].simulation.added_s):
-                    last = (plan, ref)
-                    if met_only:
-                        break
-        if last is not None:
-            return self._raw(last[0], last[1].label)
-        return None
+        return best
 
     @staticmethod
     def _state_key(ref: Refiner, snap: Snapshot) -> tuple:

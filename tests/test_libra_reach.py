@@ -405,3 +405,27 @@ def test_a_hybrid_descent_that_waits_runs_where_only_waiting_meets_a_budget(monk
     assert all(a.added_s <= b.added_s for a, b in zip(with_, without))
     assert any(a.extras["descent"].startswith("hybrid-waits") and a.added_s < 0.9 * b.added_s
                for a, b in zip(with_, without))
+
+
+def test_a_hybrid_descent_that_waits_runs_where_the_plan_found_stalls(monkeypatch):
+    """Copies as slow as compute, at 0.7 and 0.5 of the peak: descents without waits meet the budget,
+    but their plan stalls for most of what it adds (swaps the link cannot hide). A hybrid descent
+    that waits for copies out then runs for it (``LibraSolver._less_stalling``) and its plan is
+    returned where it is cheaper; a sweep returns what single solves return; with the trigger off
+    (``STALL_SHARE`` infinite) the plans are the stalling ones, costlier."""
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    cases = [(slow_layered(80, 4), 0.7), (slow_layered(80, 3), 0.5)]
+    on = []
+    for p, frac in cases:
+        b = int(frac * no_remat_peak(p))
+        r = get_solver("libra", policy="hybrid").solve(p.replace(), b)
+        assert_fits(p, r)
+        (m,) = get_solver("libra", policy="hybrid").solve_many(p.replace(), [b])
+        assert m.added_s == r.added_s and m.extras["descent"] == r.extras["descent"]
+        on.append(r)
+    monkeypatch.setattr(LibraSolver, "STALL_SHARE", float("inf"))
+    for (p, frac), r in zip(cases, on):
+        off = get_solver("libra", policy="hybrid").solve(p.replace(), int(frac * no_remat_peak(p)))
+        assert off.simulation.stall_s > 0.25 * off.added_s   # the trigger's condition, where it was on
+        assert r.extras["descent"].startswith("hybrid-waits") and r.added_s < 0.95 * off.added_s

@@ -411,19 +411,24 @@ def test_a_hybrid_descent_that_waits_runs_where_the_plan_found_stalls(monkeypatc
     """Copies as slow as compute, at 0.7 and 0.5 of the peak: descents without waits meet the budget,
     but their plan stalls for most of what it adds (swaps the link cannot hide). A hybrid descent
     that waits for copies out then runs for it (``LibraSolver._less_stalling``) and its plan is
-    returned where it is cheaper; a sweep returns what single solves return; with the trigger off
+    returned where it is cheaper; a sweep returns what single solves return (budgets with and without
+    the trigger, and one only the fallbacks meet, in one sweep); with the trigger off
     (``STALL_SHARE`` infinite) the plans are the stalling ones, costlier."""
     from libra_opt.solvers.libra.solver import LibraSolver
 
     cases = [(slow_layered(80, 4), 0.7), (slow_layered(80, 3), 0.5)]
     on = []
     for p, frac in cases:
-        b = int(frac * no_remat_peak(p))
-        r = get_solver("libra", policy="hybrid").solve(p.replace(), b)
+        r = get_solver("libra", policy="hybrid").solve(p.replace(), int(frac * no_remat_peak(p)))
         assert_fits(p, r)
-        (m,) = get_solver("libra", policy="hybrid").solve_many(p.replace(), [b])
-        assert m.added_s == r.added_s and m.extras["descent"] == r.extras["descent"]
         on.append(r)
+    # a sweep whose budgets need neither, the stall trigger, or the fallbacks (0.45 of slow_layered(80, 2))
+    for p, fracs in ((slow_layered(80, 3), (0.7, 0.5, 0.45)), (slow_layered(80, 2), (0.8, 0.6, 0.45))):
+        bb = [int(f * no_remat_peak(p)) for f in fracs]
+        many = get_solver("libra", policy="hybrid").solve_many(p.replace(), bb)
+        for b, m in zip(bb, many):
+            s = get_solver("libra", policy="hybrid").solve(p.replace(), b)
+            assert (m.added_s, m.extras["descent"]) == (s.added_s, s.extras["descent"])
     monkeypatch.setattr(LibraSolver, "STALL_SHARE", float("inf"))
     for (p, frac), r in zip(cases, on):
         off = get_solver("libra", policy="hybrid").solve(p.replace(), int(frac * no_remat_peak(p)))

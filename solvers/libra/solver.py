@@ -941,8 +941,8 @@ class LibraSolver(Solver):
                 raise
             built.extend(more)
             refs, snaps = refs + more, snaps + more_snaps
-            raw = self._planned(problem, refs, snaps, budget_bytes, pool)
-        if self._stalling(problem, refs, raw):
+            return self._planned(problem, refs, snaps, budget_bytes, pool)
+        if self._stalling(problem, refs, [s.get(budget_bytes) for s in snaps], raw):
             raw = self._less_stalling(problem, refs, {budget_bytes: raw}).get(budget_bytes, (raw, 0.0))[0]
         return raw
 
@@ -950,15 +950,20 @@ class LibraSolver(Solver):
     #: whose plan stalls for more than this share of the time it adds
     STALL_SHARE = 0.25
 
-    def _stalling(self, problem: RematProblem, refs: list[Refiner], raw: RawSolution) -> bool:
-        """Whether ``raw`` (a plan of the portfolio ``refs``) stalls for more
-        than :attr:`STALL_SHARE` of the time it adds, in hybrid mode with the
+    def _stalling(self, problem: RematProblem, refs: list[Refiner], these: list[Snapshot | None],
+                  raw: RawSolution) -> bool:
+        """Whether ``raw``, the plan for a budget from the descents ``refs``
+        (``these``: their snapshots there), stalls for more than
+        :attr:`STALL_SHARE` of the time it adds, in hybrid mode with the
         portfolio and ``swap_waits=None`` on a device whose copies overlap
-        compute, and no descent of ``refs`` waits for copies out already."""
+        compute, where no descent that waits for copies out has a snapshot
+        (a plan) there already.  Not asked where the fallbacks were forced
+        (``_solve_at``, ``_forced``)."""
         o, sim = self.options, raw.simulation
         return (o.policy == "hybrid" and o.portfolio and o.swap_waits is None
                 and problem.device.copies_overlap_compute and sim is not None and sim.added_s > 0
-                and sim.stall_s > self.STALL_SHARE * sim.added_s and not any(r.allow_wait for r in refs))
+                and sim.stall_s > self.STALL_SHARE * sim.added_s
+                and not any(r.allow_wait and s is not None for r, s in zip(refs, these)))
 
     def _less_stalling(self, problem: RematProblem, refs: list[Refiner], raws: dict[int, RawSolution]
                        ) -> dict[int, tuple[RawSolution, float]]:
@@ -1435,7 +1440,7 @@ class LibraSolver(Solver):
                 out.append(None)
                 continue
             own = base_s + time.perf_counter() - t1
-            if self._stalling(problem, refs, raw):
+            if self._stalling(problem, refs, these, raw):
                 stalling.append((len(out), b, raw, own))
             out.append(self._finish(problem, b, raw, own))
         if stalling:   # one hybrid descent that waits, for every budget whose plan stalls (as single solves)

@@ -66,7 +66,11 @@ built once per problem): ``swap-all``'s at every budget (two
 lowerings), and where no descent meets a budget ``checkpoint-all``'s and,
 where one of those meets it, ``chen-sqrt``'s and ``chen-greedy``'s, so hybrid
 reaches as low as every single policy and baseline and costs no more than the
-baselines it compares with; in swap-only mode, where the descents stop above a
+baselines it compares with, and where only waiting for copies out meets a budget,
+or the plan found stalls for over a quarter of what it adds, a hybrid descent
+that waits runs too, its plan finished apart and returned where cheaper
+(:meth:`LibraSolver._waiting_hybrid`, :meth:`LibraSolver._less_stalling`);
+in swap-only mode, where the descents stop above a
 budget, a *bulk move* (every window swapped at once, waiting for its copy out
 and swapped in right before its use, then what the budget does not need given
 back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-only mode the portfolio holds

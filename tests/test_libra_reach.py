@@ -377,7 +377,7 @@ def test_a_hybrid_descent_that_waits_runs_where_only_waiting_meets_a_budget(monk
     storage it evicts. A hybrid descent that waits then runs too (``LibraSolver._waiting_hybrid``), its
     plans finished apart from the others': the solve is never costlier than without it, and here its
     plan (``"hybrid-waits"``) is the cheaper by over 10%. The tightening of a stated minimum (which
-    asks only whether budgets are met) does not run it."""
+    asks only whether budgets are met) does not run it, nor do modes whose descents wait already."""
     from libra_opt.solvers.libra.solver import LibraSolver
 
     p = slow_layered(80, 2)
@@ -400,6 +400,10 @@ def test_a_hybrid_descent_that_waits_runs_where_only_waiting_meets_a_budget(monk
     with pytest.raises(InfeasibleBudgetError) as e:   # under the floor: only the tightening's descents run
         get_solver("libra", policy="hybrid").solve(p.replace(), memory_lower_bound(p) - 1)
     assert e.value.min_feasible_bytes is not None and not built
+    for opts in (dict(policy="swap"), dict(policy="hybrid", swap_waits=True)):   # their descents wait already
+        for b in (budgets[-1], int(0.4 * peak)):   # (at 0.4 a fallback that waits meets the budget)
+            get_solver("libra", **opts).solve_many(p.replace(), [b], raise_on_infeasible=False)
+    assert not built
     monkeypatch.setattr(LibraSolver, "_waiting_hybrid", lambda self, *a, **k: ([], []))
     without = [get_solver("libra", policy="hybrid").solve(p.replace(), b) for b in budgets]
     assert all(a.added_s <= b.added_s for a, b in zip(with_, without))

@@ -619,8 +619,9 @@ class LibraSolver(Solver):
         ``reuse``: the plain fallback descents an earlier call of the same
         solve built (the tightening's rounds): one of the same options is
         taken from there, rewound (:meth:`_plain`), instead of a new one.
-        ``cheaper``: where the swap-only descent that waits ran, the budgets
-        the fallbacks met get a hybrid descent that waits too
+        ``cheaper``: in hybrid mode with ``swap_waits=None``, where a swap-only
+        fallback that waits ran, the budgets the fallbacks met get a hybrid
+        descent that waits too
         (:meth:`_waiting_hybrid`: cheaper plans, no lower reach); ``False``
         for a caller that only asks which budgets are met (the tightening)."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
@@ -665,7 +666,8 @@ class LibraSolver(Solver):
             ref.asked = set(missing)
         more_snaps = self._descend_all(more, missing, spent_s=sum(ref.clock_s() for ref in refs)) + bulk_snaps
         more += bulk
-        if cheaper and any(ref.allow_wait and ref.opts.policy == "swap" for ref in more):
+        if (cheaper and o.policy == "hybrid" and o.swap_waits is None
+                and any(ref.allow_wait and ref.opts.policy == "swap" for ref in more)):
             wait, wait_snaps = self._waiting_hybrid(problem, refs, missing, more_snaps, refs + more)
             more, more_snaps = more + wait, more_snaps + wait_snaps
         return more, more_snaps

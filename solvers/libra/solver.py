@@ -1446,14 +1446,16 @@ class LibraSolver(Solver):
                 out.append(None)
                 continue
             own = base_s + time.perf_counter() - t1
-            if self._stalling(problem, refs, these, raw):
+            if self._stalling(problem, refs, these, raw):   # finished below, with the plan that wins there
                 stalling.append((len(out), b, raw, own))
+                out.append(None)
+                continue
             out.append(self._finish(problem, b, raw, own))
         if stalling:   # one hybrid descent that waits, for every budget whose plan stalls (as single solves)
             better = self._less_stalling(problem, refs, {b: raw for _, b, raw, _ in stalling})
-            for i, b, _, own in stalling:
-                if b in better:
-                    out[i] = self._finish(problem, b, better[b][0], own + better[b][1])
+            for i, b, raw, own in stalling:
+                raw, extra_s = better.get(b, (raw, 0.0))
+                out[i] = self._finish(problem, b, raw, own + extra_s)
         if missed and problem.num_nodes <= self.POOL_MAX_NODES:
             missed = self._forced(problem, base, bb, missed, out, pool)
         if missed:   # one tightening for the sweep, from its highest infeasible budget

@@ -260,6 +260,28 @@ def test_a_swap_layer_known_current_is_the_layer_a_refresh_gives(seed):
         assert not layer_current(new.tables, new.windows, st, st.swap)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_released_by_is_the_release_bound_compared_with_each_position(seed):
+    """``swaps.released_by`` (what the descent's selection asks of every candidate) is exactly
+    ``release_bound <= p`` at every position, on timelines with swaps and chains (start times with
+    gaps), copies as slow as compute and slower, for every window of the problem: the comparison with
+    node ``p``'s start replaces the search of each copy's end among the start times."""
+    from libra_opt.solvers.libra.swaps import release_bound, released_by
+    rng = random.Random(seed)
+    p = fwd_bwd(seed, rng.randint(6, 10), views=seed % 4 == 0, bandwidth=rng.choice([2.0, 8.0, 64.0]))
+    wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
+    tl = Timeline(p, wins)
+    for j in range(len(wins)):
+        if rng.random() < 0.6 and not tl.state.s_win.get(int(tl.windows.w_s[j])):
+            tl.apply(j, rng.choice([REC, SWAP]) if tl.windows.w_rec_ok[j] else SWAP)
+    assert tl.state.swap.ids.size or seed % 4   # (some timelines with swaps queued: the copies' order read)
+    idx = np.arange(tl.windows.nw)
+    rb = release_bound(tl, idx)
+    assert (rb > tl.windows.w_prod).all()   # (released once its producer has run and its copy ended)
+    for q in range(p.num_nodes):
+        assert np.array_equal(released_by(tl, idx, q), rb <= q), q
+
+
 @pytest.mark.parametrize("seed", [2, 22])   # decided() states whose swap-ins stall nowhere
 def test_a_swap_layer_stays_current_where_moved_chain_waits_stall_no_swap_in(seed):
     """Where only the chains' first waits for swap-ins moved (``wait_q``, ``wait_off``), ``layer_current``

@@ -28,7 +28,7 @@ from .estimate import KEEP, REC, SWAP, Timeline
 from .explain import (REASON_CHEAPEST, REASON_NEW_PEAK, REASON_NOT_RECOMPUTABLE, REASON_ONLY_POLICY,
                       REASON_SWAP_NO_GAIN, REASON_SWITCH, Decision, explain)
 from .finish import Finisher
-from .swaps import release_bound
+from .swaps import released_by
 from .records import FinishedPlan, Merge, Move, OptionCosts, Prepared, RetainInputs, Shrink, Snapshot, fresh_timeline
 
 
@@ -142,7 +142,8 @@ class Refiner:
         self.allow_wait = self.allow_swap and tl.tables.overlap and waits
         if not self.allow_wait:
             cost[:, _O_WAIT] = np.inf
-        self.rel_lo = self.lo.copy()   # per candidate: earliest position a swap could release it (this step)
+        # per candidate: whether a swap could release it by this step's peak position (release_bound <= p)
+        self.rel_ok = np.zeros(tl.windows.nw, dtype=bool)
         self.bat = np.full((tl.windows.nw, 4), -1, dtype=np.int64)
         self.bmem = np.zeros((tl.windows.nw, 4), dtype=np.int64)
         # the peak position each was found at: a delayed or waiting swap's effect depends on it, so its
@@ -344,16 +345,18 @@ class Refiner:
             c = costs.cost[idx]
             if hit is not None:
                 c[r[hit], col[hit]] = np.inf
-            lo, hi = np.maximum(costs.hid_lo[idx], self._release_bound(tl, idx)), costs.hid_hi[idx]
-            self.rel_lo[idx] = lo   # read by _evaluate during this selection
-            c[~((lo <= p) & (p <= hi)), _O_HID] = np.inf
+            # lo <= p, lo the later of the cached hidden swap's first position and the release bound
+            rel, hi = (costs.hid_lo[idx] <= p) & self._released_by(tl, idx, p), costs.hid_hi[idx]
+            self.rel_ok[idx] = rel   # read by _evaluate during this selection
+            c[~(rel & (p <= hi)), _O_HID] = np.inf
             # a swapped window's swap-in may be delayed past p where it is issued before p
             swapped = tl.state.pol[idx] == SWAP
             late_hi = np.where(swapped, tl.state.sw_pos[idx], hi)
-            c[~((p > late_hi) & (p >= lo)), _O_LATE] = np.inf
+            c[~((p > late_hi) & rel), _O_LATE] = np.inf
             best = np.minimum(np.minimum(c[:, 0], c[:, 1]), c[:, 2])   # c.min(axis=1), faster
             if self.allow_wait:   # (else the column is inf: no waiting option is ever evaluated)
-                c[~(p < np.maximum(lo, np.where(swapped, tl.state.sw_r0[idx], 0))), _O_WAIT] = np.inf
+                # p < max(lo, the swap's release where it is swapped already)
+                c[rel & ~(swapped & (p < tl.state.sw_r0[idx])), _O_WAIT] = np.inf
                 best = np.minimum(best, c[:, 3])
         local = np.where(np.isfinite(best), tl.windows.w_bytes[idx] / np.maximum(best, self.eps), -np.inf)
         fresh_best = None
@@ -396,13 +399,16 @@ class Refiner:
                 r, col, at = r[ok], col[ok], at[ok]
         return r, col, at
 
-    def _release_bound(self, tl: Timeline, idx: np.ndarray) -> np.ndarray:
-        """Earliest position a swap of each window in ``idx`` could release its
-        storage: after its copy out, queued behind the copies already issued
-        before it (a lower bound: later copies are not delayed here)."""
-        if not self.allow_swap or not tl.tables.overlap:
-            return self.lo[idx]
-        return release_bound(tl, idx)
+    def _released_by(self, tl: Timeline, idx: np.ndarray, p: int) -> np.ndarray:
+        """Whether a swap of each window in ``idx`` could release its storage
+        by position ``p`` (bool, shape ``(n,)``): after its copy out, queued
+        behind the copies already issued before it (a lower bound on the
+        release: later copies are not delayed here; see
+        :func:`~libra_opt.solvers.libra.swaps.released_by`).  Where copies
+        block compute, from the window's first position on."""
+        if not tl.tables.overlap:
+            return self.lo[idx] <= p
+        return released_by(tl, idx, p)
 
     def evaluate(self, tl: Timeline, j: int, p: int, peak: int, limit: int | None,
                  costs: OptionCosts) -> Move | None:
@@ -446,7 +452,7 @@ class Refiner:
         if self.allow_rec and tl.windows.w_rec_ok[j] and SWAP not in others and cur != REC:
             todo.append(_Todo(ocost[j, _O_REC], _O_REC, REC, 0))
         if self.allow_swap and REC not in others:
-            natural = not descent or self.rel_lo[j] <= p   # the copy out may end before p
+            natural = not descent or bool(self.rel_ok[j])   # the copy out may end before p
             if cur != SWAP and p <= costs.hid_hi[j]:
                 # a swap whose copy out cannot end before p does not lower p (and more copies only
                 # delay the others): evaluate it only where it may release the storage by p

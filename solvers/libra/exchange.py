@@ -112,7 +112,7 @@ def _ranked(ref: Evaluator, costs: OptionCosts, tl: Timeline, p: int, banned: se
     idx = np.array([j for j in ref.candidates(tl, p).tolist() if j not in banned], dtype=np.int64)
     if not len(idx):
         return []
-    bound = np.maximum(costs.cost[idx].min(axis=1), ref.eps)
+    bound = np.maximum(np.take(costs.cost, idx, axis=0).min(axis=1), ref.eps)
     key = np.where(np.isfinite(bound), tl.windows.w_bytes[idx] / bound, 0.0)
     order = np.lexsort((idx, -key))[:EVALS_PER_STEP]
     return idx[order].tolist()

@@ -127,15 +127,20 @@ def _end_times(pt, st, T: np.ndarray) -> np.ndarray:
 def _copy_out_order(w_prod: np.ndarray, layer: SwapLayer) -> tuple[np.ndarray, np.ndarray]:
     """The producers of ``layer``'s swaps in ascending order (``w_prod``:
     each window's producer position) and the running maximum of their copies'
-    ends (s) in that order: what :func:`release_bound` reads of the copies
-    already issued.  Kept on the layer (it is frozen: its swaps never
-    change), keyed by the producer table it was computed from."""
+    ends (s) in that order after a first ``-inf`` (none issued yet), so that
+    ``ends[sp.searchsorted(q, side="right")]`` is the latest end of the
+    copies issued at or before position ``q``: what :func:`release_bound`
+    reads of the copies already issued.  Kept on the layer (it is frozen:
+    its swaps never change), keyed by the producer table it was computed
+    from."""
     got = layer.__dict__.get("_copy_out_order")
     if got is not None and got[0] is w_prod:
         return got[1], got[2]
     o = np.argsort(w_prod[layer.ids], kind="stable")
     sp = w_prod[layer.ids][o]
-    ends = np.maximum.accumulate(layer.d2h_end_s[o])
+    ends = np.empty(len(o) + 1)
+    ends[0] = -np.inf
+    np.maximum.accumulate(layer.d2h_end_s[o], out=ends[1:])
     object.__setattr__(layer, "_copy_out_order", (w_prod, sp, ends))
     return sp, ends
 
@@ -152,9 +157,8 @@ def _copy_out_ends(tl, idx: np.ndarray) -> np.ndarray:
     sw = tl.state.swap
     if len(sw.ids):
         sp, ends = _copy_out_order(tl.windows.w_prod, sw)
-        k = sp.searchsorted(prod, side="right") - 1
-        issue = np.where(k >= 0, np.maximum(issue, ends[np.maximum(k, 0)]), issue)
-    return issue + tl.windows.w_copy_s[idx, 1]   # (its copy out, s)
+        issue = np.maximum(issue, ends[sp.searchsorted(prod, side="right")])
+    return issue + tl.windows.w_copy_s[:, 1][idx]   # (its copy out, s)
 
 
 def release_bound(tl, idx: np.ndarray) -> np.ndarray:
@@ -276,7 +280,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         return empty_swap_layer(N, ids)
     removal = np.zeros(N + 2, dtype=np.int64)
     ids = np.sort(ids)
-    sabp, copy_s, b = wt.w_sabp[ids], wt.w_copy_s[ids], st.w_b[ids]
+    sabp, copy_s, b = np.take(wt.w_sabp, ids, axis=0), np.take(wt.w_copy_s, ids, axis=0), st.w_b[ids]   # (rows)
     s, a, nbytes, prod = sabp[:, 0], sabp[:, 1], sabp[:, 2], sabp[:, 3]
     d_in, d_out = copy_s[:, 0], copy_s[:, 1]
     T = start_times(pt, st, regen_time)

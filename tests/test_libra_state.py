@@ -260,6 +260,46 @@ def test_a_swap_layer_known_current_is_the_layer_a_refresh_gives(seed):
         assert not layer_current(new.tables, new.windows, st, st.swap)
 
 
+def _dense_removal(layer, N):
+    """A layer's ``removal`` summed afresh from its spans (a difference array's running sum)."""
+    lo, hi, d = layer.spans
+    diff = np.zeros(N + 1, dtype=np.int64)
+    np.add.at(diff, lo, d)
+    np.add.at(diff, hi, -d)
+    return diff.cumsum()[:N]
+
+
+@pytest.mark.parametrize("seed", [0, 2, 4, 6, 8, 10])
+def test_a_swap_layer_edited_from_the_last_is_the_one_summed_afresh(seed, monkeypatch):
+    """``swaps._removal`` builds a layer's ``removal`` from the installed layer's by adding and taking off
+    the spans that differ (at most MAX_SPAN_EDITS): over random swap / recompute / keep changes with
+    their refreshes, every installed and every evaluated layer's ``removal`` equals the running sum of its
+    own spans, and the same changes with the edits off (always the running sum) give the same layers."""
+    from libra_opt.solvers.libra import swaps
+    def run(max_edits):
+        monkeypatch.setattr(swaps, "MAX_SPAN_EDITS", max_edits)
+        p, wins, tl, rng = decided(seed)
+        N, seen = p.num_nodes, []
+        for _ in range(30):
+            j = rng.randrange(len(wins))
+            s = int(tl.windows.w_s[j])
+            if tl.state.pol[j] or any(k != j for k in tl.state.s_win.get(s, ())):
+                pol = 0
+            else:
+                pol = rng.choice([REC, SWAP]) if tl.windows.w_rec_ok[j] else SWAP
+            eff = tl.evaluate(j, pol)
+            if eff.swap is not None:
+                assert np.array_equal(eff.swap.removal, _dense_removal(eff.swap, N))
+            tl.apply(j, pol, eff)
+            assert np.array_equal(tl.state.swap.removal, _dense_removal(tl.state.swap, N))
+            seen.append((tl.state.swap.removal.copy(), tl.state.swap.held.copy()))
+        return seen
+    edited, summed = run(swaps.MAX_SPAN_EDITS), run(0)
+    assert any(len(r) and r.any() for r, _ in edited)   # (some layers remove bytes)
+    for (r1, h1), (r2, h2) in zip(edited, summed, strict=True):
+        assert np.array_equal(r1, r2) and np.array_equal(h1, h2)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_released_by_is_the_release_bound_compared_with_each_position(seed):
     """``swaps.released_by`` (what the descent's selection asks of every candidate) is exactly

@@ -68,7 +68,14 @@ class SwapLayer:
     replaced, never mutated, when a chain time changes) and, over ``ids``, the window ends, waits and floors (with the
     overrides of the window under evaluation) and the chain marks
     (``st.w_b``, ``st.wait``, ``st.floor``, ``st.touch_first``,
-    ``st.wait_q``, ``st.wait_off``); ``None`` for other chain times."""
+    ``st.wait_q``, ``st.wait_off``); ``None`` for other chain times.
+    ``spans``: ``(lo, hi, delta)``, each shape ``(len(ids),)`` int64, the
+    span ``[lo, hi)`` over which each swap changes ``removal`` by ``delta``
+    bytes (its storage off the device: ``+bytes``; the second buffer of a
+    swap-in issued before its copy out ends: ``-bytes``; none: ``0``), which
+    ``removal`` sums: a later layer over mostly the same spans is computed
+    from this one's ``removal`` (:func:`_removal`).  Both arrays are never
+    written (``held`` may be a shared read-only array of zeros)."""
 
     ids: np.ndarray
     prefetch: np.ndarray
@@ -80,6 +87,7 @@ class SwapLayer:
     pessimistic: bool = False
     wait: np.ndarray | None = None
     basis: tuple | None = None
+    spans: tuple | None = None
 
     @property
     def total_stall_s(self) -> float:
@@ -92,10 +100,67 @@ def empty_swap_layer(N: int, ids: np.ndarray | None = None) -> SwapLayer:
     array to carry, default a new one): nothing removed, held or stalled."""
     removal = np.zeros(N + 2, dtype=np.int64)
     z = np.zeros(0)
+    zi = z.astype(np.int64)
     if ids is None:
-        ids = z.astype(np.int64)
-    return SwapLayer(ids, z.astype(np.int64), z.astype(np.int64), z, z, removal[:N], removal[:N].copy(),
-                     wait=z.astype(np.int64))
+        ids = zi
+    return SwapLayer(ids, zi, zi, z, z, removal[:N], removal[:N].copy(), wait=zi, spans=(zi, zi, zi))
+
+
+#: changed swap spans up to which a layer's ``removal`` is the previous layer's with those spans added
+#: and taken off (a slice each), rather than a running sum over every position (:func:`_removal`)
+MAX_SPAN_EDITS = 24
+
+
+def _removal(N: int, base: SwapLayer, ids: np.ndarray, lo: np.ndarray, hi: np.ndarray, d: np.ndarray
+             ) -> np.ndarray:
+    """``removal`` (shape ``(N,)``, int64 bytes) of the swaps ``ids``
+    (ascending window ids) with spans ``(lo, hi, d)`` (:class:`SwapLayer`'s
+    ``spans``): where at most :data:`MAX_SPAN_EDITS` spans differ from the
+    layer ``base``'s (matched by window id), ``base.removal`` with the spans
+    it lacks added over their slices and the ones it has of its own taken
+    off; otherwise the difference array's running sum.  Exact (integers)
+    either way.  A descent's evaluations and refreshes change few of its
+    swaps (20k-op synthetic transformer, hybrid sweep: 88 swaps a layer,
+    1 span changed at the median, at most 16 in 78% of its layers), and the
+    running sum over 20k positions was a fifth of a layer's time."""
+    bs = base.spans
+    if bs is not None and len(base.removal) == N:
+        bids = base.ids
+        blo, bhi, bd = bs
+        if len(bids):
+            k = np.minimum(bids.searchsorted(ids), len(bids) - 1)
+            same = (bids[k] == ids) & (blo[k] == lo) & (bhi[k] == hi) & (bd[k] == d)
+            keep = np.zeros(len(bids), dtype=bool)
+            keep[k[same]] = True
+            gone = (~keep & (bd != 0)).nonzero()[0]
+        else:
+            same = np.zeros(len(ids), dtype=bool)
+            gone = same.nonzero()[0]
+        new = (~same & (d != 0)).nonzero()[0]
+        if len(gone) + len(new) <= MAX_SPAN_EDITS:
+            removal = base.removal.copy()
+            for a, b, v in zip(blo[gone].tolist(), bhi[gone].tolist(), bd[gone].tolist()):
+                removal[a:b] -= v
+            for a, b, v in zip(lo[new].tolist(), hi[new].tolist(), d[new].tolist()):
+                removal[a:b] += v
+            return removal
+    diff = np.zeros(N + 1, dtype=np.int64)
+    np.add.at(diff, lo, d)
+    np.add.at(diff, hi, -d)
+    return diff.cumsum()[:N]
+
+
+def _zeros(N: int) -> np.ndarray:
+    """A read-only int64 array of ``N`` zeros, shared (a layer's ``held``
+    where no storage is held during a chain)."""
+    z = _ZEROS.get(N)
+    if z is None:
+        z = _ZEROS[N] = np.zeros(N, dtype=np.int64)
+        z.setflags(write=False)
+    return z
+
+
+_ZEROS: dict[int, np.ndarray] = {}
 
 
 def start_times(pt, st, regen_time: np.ndarray | None = None) -> np.ndarray:
@@ -278,7 +343,6 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     N = pt.N
     if len(ids) == 0:
         return empty_swap_layer(N, ids)
-    removal = np.zeros(N + 2, dtype=np.int64)
     ids = np.sort(ids)
     sabp, copy_s, b = np.take(wt.w_sabp, ids, axis=0), np.take(wt.w_copy_s, ids, axis=0), st.w_b[ids]   # (rows)
     s, a, nbytes, prod = sabp[:, 0], sabp[:, 1], sabp[:, 2], sabp[:, 3]
@@ -390,27 +454,32 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         late = np.zeros(len(ids), dtype=bool)
         r0_late = r0
     ok = (r0 <= pos) & ~late
-    nbytes_ok = nbytes[ok]
-    np.add.at(removal, r0[ok], nbytes_ok)
-    np.add.at(removal, pos[ok] + 1, -nbytes_ok)
     any_late = bool(late.any())
+    # spans: off the device from r0 through pos; a late swap-in's second buffer from pos + 1 until its
+    # copy out has ended (r0_late >= pos + 2: never an empty span but at the end)
     if any_late:
-        np.add.at(removal, pos[late] + 1, -nbytes[late])
-        np.add.at(removal, np.minimum(r0_late[late], N), nbytes[late])
-    removal = removal.cumsum()[:N]
-    held = np.zeros(N, dtype=np.int64)
+        lo = np.where(ok, r0, np.where(late, pos + 1, 0))
+        hi = np.where(ok, pos + 1, np.where(late, np.minimum(r0_late, N), 0))
+        d = np.where(ok, nbytes, np.where(late, -nbytes, 0))
+    else:
+        lo, hi, d = np.where(ok, r0, 0), np.where(ok, pos + 1, 0), np.where(ok, nbytes, 0)
+    removal = _removal(N, st.swap, ids, lo, hi, d)
+    held = None
     if overlap:   # released during the chain that runs before r0: held while the chain runs
         r0c = np.minimum(r0, N - 1)
         chain_start = (T[r0c] + delay[r0c] if stalled else T[r0c]) - regen_time[r0c]
         h = ok & (regen_time[r0c] > 0) & (d2h_end > chain_start)
         if h.any():
+            held = np.zeros(N, dtype=np.int64)
             np.add.at(held, r0c[h], nbytes[h])
+    if held is None:
+        held = _zeros(N)
     if out_stall is not None:
         stall = stall + out_stall
     # (the start times by weak reference: a layer kept in a cached effect does not keep them alive)
     basis = None if T_basis is None else (weakref.ref(T_basis), b, wait_basis, floor_basis, touch_first, wq, wo,
                                           unfelt)
-    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, any_late, wt_, basis)
+    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, any_late, wt_, basis, (lo, hi, d))
 
 
 def layer_current(pt, wt, st, layer: SwapLayer) -> bool:

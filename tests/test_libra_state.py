@@ -401,6 +401,40 @@ def test_a_solve_gives_the_same_answer_with_the_current_swap_layers_refreshed_an
     assert answers() == kept
 
 
+def test_a_solve_gives_the_same_answer_with_moved_window_ends_checked_where_they_change_and_everywhere(
+        monkeypatch):
+    """Whole solves give the same plan, status, message and stated minimum where ``keep_regenerated``
+    checks a moved window end's memory only at the positions the move changes and where it reads every
+    position; and the narrow check is taken (on plans within the budget) and passes some moves."""
+    from libra_opt.ir.problem_io import load_problem
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import tidy
+
+    from test_libra_bounds import PROBLEMS
+
+    narrow = []
+
+    def answers():
+        return [_answer(get_solver("libra", policy=policy).solve(load_problem(PROBLEMS / name), frac,
+                                                                 raise_on_infeasible=False))
+                for policy, name, frac in (("recompute", "h100_resnet50_b128.json.gz", 0.5),
+                                           ("hybrid", "h100_resnet50_b128.json.gz", 0.4),
+                                           ("recompute", "gpt2-b8-s256-cpu.json.gz", 0.5))]
+
+    def recorded(tl, budget, q, b, journal, within):
+        v = moved(tl, budget, q, b, journal, within)
+        if within:
+            narrow.append(v)
+        return v
+
+    moved = tidy._moved_within
+    monkeypatch.setattr(tidy, "_moved_within", recorded)
+    kept = answers()
+    assert any(narrow), "no move was checked at its changed positions only"
+    monkeypatch.setattr(tidy, "_moved_within", lambda tl, budget, *a: int(tl.memory().max()) <= budget)
+    assert answers() == kept
+
+
 @pytest.mark.parametrize("policy", ["recompute", "hybrid"])
 def test_a_held_variant_refused_unevaluated_is_refused_evaluated_too(policy, monkeypatch):
     """Each merged-regeneration and retained-input variant a descent tries (``Refiner._try_merge``,

@@ -280,7 +280,8 @@ class Timeline:
             if rec_delta:
                 dC[a + 1:b] += rec_delta
             H = new_swap.held
-            up = ((dC > 0) | (H > H_old)).nonzero()[0]
+            # (no held bytes in either layer, the shared zeros: the common case)
+            up = (dC > 0).nonzero()[0] if H is H_old else ((dC > 0) | (H > H_old)).nonzero()[0]
         else:
             up = np.arange(a + 1, b) if rec_delta > 0 else np.zeros(0, dtype=np.int64)
             dC = None

@@ -139,6 +139,9 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
     it saves time: the window ends at that chain, the earliest such chain
     after which the storage fits under the budget.  Returns how many."""
     done = 0
+    # within the budget everywhere (then kept so: a move is taken only where the plan stays within it), a
+    # move's check reads only the positions it changes: the window's new part [q, b) and the chains replayed
+    within = int(tl.memory().max()) <= budget
     for j in sorted((k for k in records if tl.state.pol[k] == REC), key=lambda k: -int(tl.windows.w_a[k])):
         s, a, b = int(tl.windows.w_s[j]), int(tl.windows.w_a[j]), int(tl.state.w_b[j])
         qs = [q for q in tl.state.touch.get(s, ()) if a < q < b and q in tl.state.chains
@@ -151,7 +154,7 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
             old = tl.window_state(j)
             with tl.recording() as journal:
                 tl.move_end(j, q, made)
-            if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
+            if _moved_within(tl, budget, q, b, journal, within) and tl.added_s() < cost * (1 - 1e-12):
                 records[j] = dataclasses.replace(records[j], before=q)
                 done += 1
                 break
@@ -160,6 +163,20 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
     if done and tl.state.swap.ids.size:
         tl.refresh_swaps()
     return done
+
+
+def _moved_within(tl: Timeline, budget: int, q: int, b: int, journal: dict, within: bool) -> bool:
+    """Whether the estimated memory is within ``budget`` (bytes) everywhere
+    after :func:`keep_regenerated` moved a window's end from ``b`` to ``q``
+    (its storage now resident over ``[q, b)``) and replayed the chains of
+    ``journal`` (positions -> chains before the move).  ``within``: it was
+    within the budget everywhere before the move; then only those
+    positions changed (the swap layer is refreshed after the pass), and only
+    they are read, not the ``N`` positions of ``Timeline.memory``."""
+    if not within:
+        return int(tl.memory().max()) <= budget
+    return int(tl.memory(q, b).max()) <= budget and all(
+        int(tl.memory(x, x + 1)[0]) <= budget for x in journal if not q <= x < b)
 
 
 def retain_inputs(tl: Timeline, budget: int) -> int:

@@ -301,18 +301,16 @@ class PlanStore:
         self.hits += 1
         logger.info("libra-opt cache: plan loaded from %s (not solved again)", path)
         saved = meta.pop("cache_result", {})
-        return SolveResult(status=saved.get("status", "feasible"), schedule=Schedule(sched.instructions, meta),
+        return SolveResult(status=saved.get("status", "feasible"), schedule=sched.with_meta(meta),
                            solver=key["solver"], budget_bytes=key["budget_bytes"], peak_bytes=sim.peak_bytes,
                            time_s=sim.time_s, added_s=sim.added_s, lower_bound_s=saved.get("lower_bound_s"),
                            gap=saved.get("gap"), solve_s=0.0, message=f"loaded from {path}", simulation=sim)
 
     def save_plan(self, key: dict, result) -> None:
         """Save ``result``'s schedule under ``key`` (atomically); a failed write warns."""
-        from .ir.schedule import Schedule
-
         sched = result.schedule
         extra = {"status": result.status, "lower_bound_s": result.lower_bound_s, "gap": result.gap}
-        keyed = Schedule(sched.instructions, {**sched.meta, "cache_key": key, "cache_result": extra})
+        keyed = sched.with_meta({**sched.meta, "cache_key": key, "cache_result": extra})
         try:
             keyed.save(self.path(key))
         except (OutputPathError, TypeError, ValueError) as e:

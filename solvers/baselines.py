@@ -350,7 +350,7 @@ def _handed_out(plan: "BaselinePlan") -> Schedule:
     """A copy of ``plan``'s schedule for a :class:`RawSolution`: the solver base
     class sets the result's ``meta`` on it, and the plan's own schedule is
     shared with later solves on the problem (:func:`_evaluate`)."""
-    return Schedule(plan.schedule.instructions, plan.schedule.meta)
+    return plan.schedule.with_meta(plan.schedule.meta)
 
 
 def segment_windows(problem: RematProblem, checkpoints: Iterable[int], windows: dict[int, tuple[int, int]],

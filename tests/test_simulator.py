@@ -359,3 +359,17 @@ def test_timeline_arrays_have_one_entry_per_instruction():
     r = simulate(p, SWAP_PLAN)
     assert r.timeline_t.shape == r.timeline_bytes.shape == (len(SWAP_PLAN),)
     assert np.all(np.diff(r.timeline_t) >= 0)
+
+
+def test_a_schedule_copied_with_new_metadata_is_its_own_and_simulates_the_same():
+    """``Schedule.of`` and ``Schedule.with_meta`` (no per-instruction conversion) give a schedule equal to
+    the constructor's, with its own instruction list and metadata: changing the copy leaves the original."""
+    p = chain()
+    s = no_remat_schedule(p)
+    c = s.with_meta({"k": 1})
+    assert c == s == Schedule(list(s.instructions)) == Schedule.of(s.instructions)
+    assert c.instructions is not s.instructions and c.meta == {"k": 1} and "k" not in s.meta
+    c.instructions.pop()
+    c.meta["k"] = 2
+    assert len(s) == len(c) + 1 and "k" not in s.meta
+    assert simulate(p, Schedule.of(s.instructions)).peak_bytes == simulate(p, s).peak_bytes

@@ -405,7 +405,7 @@ class _Lowerer:
                         outgoing.discard(s)
             if watch is not None:
                 watch(out)
-        return Schedule(out)
+        return Schedule.of(out)
 
     def _regenerate(self, i: int, needed: Iterable[int]) -> set[int]:
         """Emit what makes every tensor in ``needed`` resident for node ``i``;

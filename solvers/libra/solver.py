@@ -114,7 +114,7 @@ import numpy as np
 from libra_opt.passes.bounds import memory_lower_bound
 from libra_opt.errors import InfeasibleBudgetError, SolverError
 from libra_opt.ir.problem import RematProblem
-from libra_opt.ir.schedule import Schedule, no_remat_schedule
+from libra_opt.ir.schedule import no_remat_schedule
 from libra_opt.passes.simulator import no_remat_peak, simulate
 from libra_opt.ir.units import parse_budget
 
@@ -1355,7 +1355,7 @@ class LibraSolver(Solver):
         extras = dict(decisions=[], retained=[], estimated_peak_bytes=int(sim.peak_bytes),
                       estimated_added_s=float(sim.added_s), steps=0, undone=0, repairs=0,
                       policy=self.options.policy, descent=name, baseline=dict(plan.extras))
-        sched = Schedule(plan.schedule.instructions, dict(plan.schedule.meta, solver=self.name))
+        sched = plan.schedule.with_meta(dict(plan.schedule.meta, solver=self.name))
         sched.meta["libra"] = dict(policy=self.options.policy, descent=name, decisions=[])
         return RawSolution(schedule=sched, status=FEASIBLE, message=f"the {name} baseline's plan: {plan.message}",
                            extras=extras, simulation=sim)
@@ -1514,7 +1514,7 @@ class LibraSolver(Solver):
                 if r.schedule is not None:
                     best = r
                 continue
-            sched = Schedule(best.schedule.instructions, dict(best.schedule.meta, budget_bytes=int(r.budget_bytes)))
+            sched = best.schedule.with_meta(dict(best.schedule.meta, budget_bytes=int(r.budget_bytes)))
             sim = simulate(problem, sched, budget=r.budget_bytes)
             extras = dict(best.extras, from_budget_bytes=int(best.budget_bytes))
             out[i] = dataclasses.replace(best, schedule=sched, budget_bytes=r.budget_bytes, simulation=sim,

@@ -70,7 +70,7 @@ from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
 from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
 from .reshape import chain_held_bytes, storage_end
 from .state import TimelineState
-from .swaps import SwapLayer, layer_current, start_times, swap_layer
+from .swaps import SwapLayer, layer_current, removal_change, start_times, swap_layer
 from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
 __all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
@@ -276,12 +276,19 @@ class Timeline:
         H_old = swap.held
         H = H_old
         if new_swap is not None:
-            dC = swap.removal - new_swap.removal
-            if rec_delta:
-                dC[a + 1:b] += rec_delta
             H = new_swap.held
-            # (no held bytes in either layer, the shared zeros: the common case)
-            up = (dC > 0).nonzero()[0] if H is H_old else ((dC > 0) | (H > H_old)).nonzero()[0]
+            if rec_delta:
+                dC = swap.removal - new_swap.removal
+                dC[a + 1:b] += rec_delta
+                up = ((dC > 0) | (H > H_old)).nonzero()[0]
+            else:
+                # the swap layer's change alone: read only where its removal moved (``removal_change``; a
+                # 20k-op descent's evaluations change a few spans) and gather the change at the points read
+                lo, hi, dloc = removal_change(swap, new_swap)
+                up = (dloc > 0).nonzero()[0] + lo
+                if H is not H_old:   # (no held bytes in either layer, the shared zeros: the common case)
+                    up = np.union1d(up, (H > H_old).nonzero()[0])
+                dC = None
         else:
             up = np.arange(a + 1, b) if rec_delta > 0 else np.zeros(0, dtype=np.int64)
             dC = None
@@ -297,7 +304,12 @@ class Timeline:
             if len(k):
                 up = np.delete(up, k)
         if len(up):
-            vals = C[up] + (dC[up] if dC is not None else rec_delta)
+            if dC is not None:
+                vals = C[up] + dC[up]
+            elif new_swap is not None:
+                vals = C[up] + (swap.removal[up] - new_swap.removal[up])
+            else:
+                vals = C[up] + rec_delta
             mm = np.maximum(vals, vals + regen_off[up] + H[up])
             k = int(mm.argmax())
             raised_max, raised_at = int(mm[k]), int(up[k])
@@ -330,7 +342,11 @@ class Timeline:
                 feasible = False
         if new_swap is not None:
             cost += new_swap.total_stall_s - swap.total_stall_s
-            dCq = {q: int(dC[q]) for q in chains}
+            if dC is not None:
+                dCq = {q: int(dC[q]) for q in chains}
+            else:
+                old_r, new_r = swap.removal, new_swap.removal
+                dCq = {q: int(old_r[q] - new_r[q]) for q in chains}
         else:
             dCq = {q: (rec_delta if a < q < b else 0) for q in chains}
         newws = pt.newws
@@ -476,19 +492,26 @@ class Timeline:
         """Install swap layer ``layer``; re-replay the chains whose reads of a
         swapped storage moved relative to its prefetch.  Returns whether any was."""
         st = self.state
-        st.C += st.swap.removal - layer.removal
+        lo, hi, dC = removal_change(st.swap, layer)   # (only where the removal moved, where that is known)
+        st.C[lo:hi] += dC
         ids, prefetch = layer.ids, layer.prefetch
         was = st.sw_pos[ids]   # -1: not swapped before (st.pos has no entry)
         moved = (was != prefetch).nonzero()[0]
         old_ids = st.swap.ids   # the only windows with entries in sw_r0 / sw_pos
         st.swap = layer
-        st.pos = dict(zip(ids.tolist(), prefetch.tolist()))
         st.sw_r0[old_ids] = self.tables.N + 1
         st.sw_pos[old_ids] = -1
         st.sw_r0[ids] = layer.r0
         st.sw_pos[ids] = prefetch
+        # st.pos (this state's own dict): the swaps gone leave it, the moved and the new ones are set
+        pos = st.pos
+        if len(old_ids):
+            for k in old_ids[st.sw_pos[old_ids] < 0].tolist():
+                del pos[k]
+        mk, mv = ids[moved].tolist(), prefetch[moved].tolist()
         pts: set[int] = set()
-        for k, w, v in zip(ids[moved].tolist(), was[moved].tolist(), prefetch[moved].tolist()):
+        for k, w, v in zip(mk, was[moved].tolist(), mv):
+            pos[k] = v
             self._add_crossed(pts, k, None if w < 0 else w, v)
         self.replay(pts)
         return bool(pts)

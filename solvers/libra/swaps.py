@@ -75,7 +75,12 @@ class SwapLayer:
     swap-in issued before its copy out ends: ``-bytes``; none: ``0``), which
     ``removal`` sums: a later layer over mostly the same spans is computed
     from this one's ``removal`` (:func:`_removal`).  Both arrays are never
-    written (``held`` may be a shared read-only array of zeros)."""
+    written (``held`` may be a shared read-only array of zeros).
+    ``changed``: ``(base, lo, hi)`` where ``removal`` was computed from the
+    layer ``base`` (a weak reference) and differs from its ``removal`` only
+    at positions ``lo`` to ``hi`` (exclusive); ``None`` where not known.
+    Installing the layer over ``base`` and evaluating against it read only
+    those positions (``Timeline.install_swaps``, ``Timeline.evaluate``)."""
 
     ids: np.ndarray
     prefetch: np.ndarray
@@ -88,6 +93,7 @@ class SwapLayer:
     wait: np.ndarray | None = None
     basis: tuple | None = None
     spans: tuple | None = None
+    changed: tuple | None = None
 
     @property
     def total_stall_s(self) -> float:
@@ -112,8 +118,8 @@ MAX_SPAN_EDITS = 24
 
 
 def _removal(N: int, base: SwapLayer, ids: np.ndarray, lo: np.ndarray, hi: np.ndarray, d: np.ndarray
-             ) -> np.ndarray:
-    """``removal`` (shape ``(N,)``, int64 bytes) of the swaps ``ids``
+             ) -> tuple[np.ndarray, tuple | None]:
+    """``(removal, changed)``: ``removal`` (shape ``(N,)``, int64 bytes) of the swaps ``ids``
     (ascending window ids) with spans ``(lo, hi, d)`` (:class:`SwapLayer`'s
     ``spans``): where at most :data:`MAX_SPAN_EDITS` spans differ from the
     layer ``base``'s (matched by window id), ``base.removal`` with the spans
@@ -122,7 +128,10 @@ def _removal(N: int, base: SwapLayer, ids: np.ndarray, lo: np.ndarray, hi: np.nd
     either way.  A descent's evaluations and refreshes change few of its
     swaps (20k-op synthetic transformer, hybrid sweep: 88 swaps a layer,
     1 span changed at the median, at most 16 in 78% of its layers), and the
-    running sum over 20k positions was a fifth of a layer's time."""
+    running sum over 20k positions was a fifth of a layer's time).
+    ``changed``: :class:`SwapLayer`'s, for a ``removal`` edited from
+    ``base``'s (the positions the edited spans cover); ``None`` for a
+    running sum."""
     bs = base.spans
     if bs is not None and len(base.removal) == N:
         bids = base.ids
@@ -139,15 +148,18 @@ def _removal(N: int, base: SwapLayer, ids: np.ndarray, lo: np.ndarray, hi: np.nd
         new = (~same & (d != 0)).nonzero()[0]
         if len(gone) + len(new) <= MAX_SPAN_EDITS:
             removal = base.removal.copy()
+            first, end = N, 0
             for a, b, v in zip(blo[gone].tolist(), bhi[gone].tolist(), bd[gone].tolist()):
                 removal[a:b] -= v
+                first, end = min(first, a), max(end, b)
             for a, b, v in zip(lo[new].tolist(), hi[new].tolist(), d[new].tolist()):
                 removal[a:b] += v
-            return removal
+                first, end = min(first, a), max(end, b)
+            return removal, (weakref.ref(base), min(first, end), end)
     diff = np.zeros(N + 1, dtype=np.int64)
     np.add.at(diff, lo, d)
     np.add.at(diff, hi, -d)
-    return diff.cumsum()[:N]
+    return diff.cumsum()[:N], None
 
 
 def _zeros(N: int) -> np.ndarray:
@@ -463,7 +475,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         d = np.where(ok, nbytes, np.where(late, -nbytes, 0))
     else:
         lo, hi, d = np.where(ok, r0, 0), np.where(ok, pos + 1, 0), np.where(ok, nbytes, 0)
-    removal = _removal(N, st.swap, ids, lo, hi, d)
+    removal, changed = _removal(N, st.swap, ids, lo, hi, d)
     held = None
     if overlap:   # released during the chain that runs before r0: held while the chain runs
         r0c = np.minimum(r0, N - 1)
@@ -479,7 +491,19 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     # (the start times by weak reference: a layer kept in a cached effect does not keep them alive)
     basis = None if T_basis is None else (weakref.ref(T_basis), b, wait_basis, floor_basis, touch_first, wq, wo,
                                           unfelt)
-    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, any_late, wt_, basis, (lo, hi, d))
+    return SwapLayer(ids, pos, r0, stall, d2h_end, removal, held, any_late, wt_, basis, (lo, hi, d), changed)
+
+
+def removal_change(old: SwapLayer, new: SwapLayer) -> tuple[int, int, np.ndarray]:
+    """``(lo, hi, dC)``: ``old.removal - new.removal`` (int64 bytes) over
+    positions ``lo`` to ``hi`` (exclusive), zero at every other position
+    (the range ``new.changed`` states, where ``new`` was computed from
+    ``old``; all positions otherwise)."""
+    ch = new.changed
+    if ch is not None and ch[0]() is old:
+        lo, hi = ch[1], ch[2]
+        return lo, hi, old.removal[lo:hi] - new.removal[lo:hi]
+    return 0, len(new.removal), old.removal - new.removal
 
 
 def layer_current(pt, wt, st, layer: SwapLayer) -> bool:

@@ -70,7 +70,7 @@ from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
 from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
 from .reshape import chain_held_bytes, storage_end
 from .state import TimelineState
-from .swaps import SwapLayer, layer_current, removal_change, start_times, swap_layer
+from .swaps import SwapLayer, is_zeros, layer_current, removal_change, start_times, swap_layer
 from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
 __all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
@@ -144,7 +144,11 @@ class Timeline:
         (exclusive), shape ``(hi - lo,)``."""
         st = self.state
         C = st.C[lo:hi]
-        return np.maximum(C, C + st.regen_off[lo:hi] + st.swap.held[lo:hi])
+        m = C + st.regen_off[lo:hi]
+        held = st.swap.held
+        if not is_zeros(held):   # (a layer holding nothing shares one array of zeros: nothing to add)
+            m += held[lo:hi]
+        return np.maximum(m, C, out=m)   # (in place: this runs at every descent step, over N positions)
 
     def peak(self) -> tuple[int, int]:
         """``(peak_bytes, position)`` of the model (first position at the peak)."""

@@ -109,7 +109,7 @@ def empty_swap_layer(N: int, ids: np.ndarray | None = None) -> SwapLayer:
     zi = z.astype(np.int64)
     if ids is None:
         ids = zi
-    return SwapLayer(ids, zi, zi, z, z, removal[:N], removal[:N].copy(), wait=zi, spans=(zi, zi, zi))
+    return SwapLayer(ids, zi, zi, z, z, removal[:N], _zeros(N), wait=zi, spans=(zi, zi, zi))
 
 
 #: changed swap spans up to which a layer's ``removal`` is the previous layer's with those spans added
@@ -173,6 +173,13 @@ def _zeros(N: int) -> np.ndarray:
 
 
 _ZEROS: dict[int, np.ndarray] = {}
+
+
+def is_zeros(a: np.ndarray) -> bool:
+    """Whether ``a`` is the shared array of zeros of its length (:func:`_zeros`:
+    a layer's ``held`` where nothing is held); ``False`` for any other array,
+    zeros or not."""
+    return _ZEROS.get(len(a)) is a
 
 
 def start_times(pt, st, regen_time: np.ndarray | None = None) -> np.ndarray:

@@ -439,6 +439,23 @@ def test_decisions_explain_themselves():
     assert Schedule.from_dict(r.schedule.to_dict()).meta["libra"]["decisions"] == decisions
 
 
+def test_a_decision_ending_elsewhere_is_the_replaced_one_and_leaves_the_original():
+    """``Decision.ending_before`` (the finish's moved window ends) equals ``dataclasses.replace`` with the new
+    end, stays frozen and leaves the decision it came from as it was."""
+    import dataclasses
+
+    from libra_opt.solvers.libra.explain import explain
+
+    p = fwd_bwd(5, 10)
+    d = explain(p, step=3, storage=2, after=1, before=6, policy="recompute", nbytes=64, peak_bytes=512,
+                peak_pos=4, removed_bytes=64, added_s=0.5, recompute_s=0.5, swap_s=None, reason="cheapest")
+    e = d.ending_before(5)
+    assert e == dataclasses.replace(d, before=5) and e.to_dict() == {**d.to_dict(), "before": 5}
+    assert d.before == 6 and e is not d
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        e.before = 4
+
+
 @pytest.mark.parametrize("bad", [dict(policy="both"), dict(windows="some"), dict(time_limit_s=0),
                                  dict(max_steps=-1), dict(swap_overlap_margin=-0.5)])
 def test_bad_options_say_what_to_change(bad):

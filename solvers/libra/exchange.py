@@ -48,7 +48,6 @@ eviction window and its cost made additive).
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -180,7 +179,7 @@ def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> None:
         s, b = int(tl.windows.w_s[j]), int(ref.orig_b[j])
         if int(tl.state.w_b[j]) != b:
             tl.move_end(j, b, tl.tensors_read_at(s, b))
-            records[j] = dataclasses.replace(records[j], before=b)
+            records[j] = records[j].ending_before(b)
 
 
 def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[int] | None:

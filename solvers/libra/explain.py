@@ -85,6 +85,17 @@ class Decision:
         """A JSON-ready dict of every field."""
         return {f: getattr(self, f) for f in _FIELDS}
 
+    def ending_before(self, before: int) -> "Decision":
+        """This decision with its window ending before position ``before``
+        (a moved window end: segment-wise regeneration, a merged or a
+        repaired window), everything else as it is: ``dataclasses.replace(self,
+        before=before)`` without its per-field introspection (20 us; the
+        finish moves thousands of window ends on a 20k-op sweep)."""
+        new = object.__new__(Decision)
+        new.__dict__.update(self.__dict__)
+        object.__setattr__(new, "before", int(before))
+        return new
+
 
 _FIELDS = tuple(f.name for f in fields(Decision))
 

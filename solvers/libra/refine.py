@@ -14,7 +14,6 @@ for keeping a segment's recomputed activations until their backward use.
 """
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import NamedTuple, Sequence
 
@@ -781,7 +780,7 @@ class Refiner:
             k, q = also.window, also.position
             tl.move_end(k, q, also.tensors)
             if records.get(k) is not None:
-                records[k] = dataclasses.replace(records[k], before=q)
+                records[k] = records[k].ending_before(q)
         elif isinstance(also, RetainInputs):
             for t, q in also.pairs:
                 tl.retain(t, q)

@@ -24,7 +24,6 @@ undoes decisions the budget no longer needs; the others as cited above.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 
@@ -129,7 +128,7 @@ def fix_shrunk(tl: Timeline, records: dict, orig_b: np.ndarray) -> None:
             tl.set_before(j, b, tl.tensors_read_at(s, b))
             tl.apply(j, REC)
             if j in records:
-                records[j] = dataclasses.replace(records[j], before=b)
+                records[j] = records[j].ending_before(b)
 
 
 def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
@@ -155,7 +154,7 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
             with tl.recording() as journal:
                 tl.move_end(j, q, made)
             if _moved_within(tl, budget, q, b, journal, within) and tl.added_s() < cost * (1 - 1e-12):
-                records[j] = dataclasses.replace(records[j], before=q)
+                records[j] = records[j].ending_before(q)
                 done += 1
                 break
             tl.move_end(j, state=old, replay=False)   # no gain or over budget: back to the window it had
@@ -262,7 +261,7 @@ def early_shift(problem: RematProblem, orig_b: np.ndarray, tl: Timeline, records
                 continue
             undo_pass(t2, r2, budget)
             if j in r2 and t2.added_s() < (best[0] if best else tl).added_s() * (1 - 1e-12):
-                r2[j] = dataclasses.replace(r2[j], before=q)
+                r2[j] = r2[j].ending_before(q)
                 best = (t2, r2)
         if best is not None:
             tl, records = best

@@ -157,7 +157,9 @@ class Schedule:
         """A schedule of ``instructions`` that are :class:`Instr` already (the
         lowering's, or another schedule's ``instructions``), copied as a list
         without the constructor's conversion of each (10 ms for the 200k
-        instructions of a 20k-op plan).  ``meta`` as in the constructor."""
+        instructions of a 20k-op plan); they are not checked, so pass only
+        :class:`Instr` (the constructor converts ``(op, arg)`` pairs).
+        ``meta`` as in the constructor."""
         new = cls.__new__(cls)
         new.instructions = list(instructions)
         new.meta = dict(meta or {})

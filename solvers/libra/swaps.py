@@ -128,7 +128,7 @@ def _removal(N: int, base: SwapLayer, ids: np.ndarray, lo: np.ndarray, hi: np.nd
     either way.  A descent's evaluations and refreshes change few of its
     swaps (20k-op synthetic transformer, hybrid sweep: 88 swaps a layer,
     1 span changed at the median, at most 16 in 78% of its layers), and the
-    running sum over 20k positions was a fifth of a layer's time).
+    running sum over 20k positions was a fifth of a layer's time.
     ``changed``: :class:`SwapLayer`'s, for a ``removal`` edited from
     ``base``'s (the positions the edited spans cover); ``None`` for a
     running sum."""

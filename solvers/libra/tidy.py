@@ -24,7 +24,6 @@ undoes decisions the budget no longer needs; the others as cited above.
 """
 from __future__ import annotations
 
-
 import numpy as np
 
 from libra_opt.ir.problem import RematProblem

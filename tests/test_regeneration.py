@@ -48,3 +48,12 @@ def test_a_tensor_read_twice_by_a_step_is_freed_once():
     got = dropped_after_step([1, 1], resident={1}, pending={}, q=6, is_output={1: False}, last_use={1: 5},
                              storage={1: 1}, storage_off=lambda s, q: False)
     assert got == [1]
+
+
+def test_no_by_swap_is_every_missing_tensor_recomputed():
+    # by_swap=None (nothing on the host, the lowering's and the estimate's common case) walks as a
+    # by_swap that always says no, on every subset of missing tensors
+    import itertools
+    for k in range(1, 5):
+        for missing in itertools.combinations((1, 2, 3, 4), k):
+            assert _steps(missing, by_swap=None) == _steps(missing), missing

@@ -156,11 +156,6 @@ def all_windows(problem: RematProblem) -> list[tuple[int, int, int]]:
             for x, y in zip(uses, uses[1:]) if y - x >= 2]
 
 
-def _never(t: int) -> bool:
-    """No tensor comes back by a swap-in (``regeneration_steps``' ``by_swap`` where nothing is on the host)."""
-    return False
-
-
 class _Lowerer:
     def __init__(self, problem: RematProblem, evictions: Iterable[Eviction], prefetch):
         self.p = p = problem
@@ -421,7 +416,7 @@ class _Lowerer:
             return set()
         tab = self.p.tables
         # with no host copy and no copy in flight nothing comes back by a swap-in (_how)
-        by_swap = (lambda t: self._how(t)[0] == "swap") if self.host or self.arriving else _never
+        by_swap = (lambda t: self._how(t)[0] == "swap") if self.host or self.arriving else None
         steps, pending = regeneration_steps(needed, missing, lambda t: is_act[t] and t not in live,
                                             by_swap, tab.t_prod, tab.n_inputs)
         compute_instr, free_instr, append = self._compute_instr, self._free_instr, self.out.append

@@ -17,7 +17,11 @@ what the lowering will run:
    the chain made resident is freed as soon as no read in the chain or at the
    node is pending, it is not a step output, and its last use (or the end of
    its retention) is at or before the node, or its storage is meant to be off
-   the device there.
+   the device there.  The estimate runs this test inline, in the loop every
+   candidate evaluation runs (``chains._replay``); the tests that hold the
+   estimate equal to the simulation of the lowered plan
+   (``tests/test_libra.py``, ``test_estimate_matches_the_simulator*``) hold
+   the two equal.
 
 Source: Checkmate's plan generation with freeing of temporaries (Jain et
 al., "Checkmate", MLSys 2020, sec. 4.5, Algorithm 2), extended to swap-ins.
@@ -30,7 +34,7 @@ __all__ = ["regeneration_steps", "dropped_after_step"]
 
 
 def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing: Callable[[int], bool],
-                       by_swap: Callable[[int], bool], producer: Sequence, inputs: Sequence
+                       by_swap: Callable[[int], bool] | None, producer: Sequence, inputs: Sequence
                        ) -> tuple[list[tuple[bool, int]], dict[int, int]]:
     """The steps that regenerate ``missing`` before a node reading ``needed``.
 
@@ -45,9 +49,9 @@ def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing
         Whether a tensor is not resident before the chain (a producer's input
         that is resident is read in place; parameters and inputs never are
         missing).
-    by_swap : callable (int) -> bool
+    by_swap : callable (int) -> bool, or None
         Whether a missing tensor comes back by a swap-in (else by recomputing
-        its producer).  Called once per missing tensor the walk reaches, in
+        its producer); ``None``: none does.  Called once per missing tensor the walk reaches, in
         the walk's order, when it is entered (it is one of ``missing``, or
         ``is_missing`` returned True for it).
     producer : sequence
@@ -69,39 +73,39 @@ def regeneration_steps(needed: Sequence[int], missing: Sequence[int], is_missing
     sec. 4.5.
     """
     visited: set[int] = set()
-    order: list[tuple[bool, int]] = []
+    steps: list[tuple[bool, int]] = []
+    pending: dict[int, int] = {}
+    seen: set[int] = set()          # nodes emitted (a producer of several missing outputs runs once)
+    get = pending.get
     # entries: t (enter tensor t) and ~t (t's inputs are done: emit its step); every tensor entered is
     # missing (``missing`` is, and an input is pushed only where is_missing says so)
     stack = list(reversed(missing))
-    how: dict[int, bool] = {}
-    pop, push, visit, emit = stack.pop, stack.append, visited.add, order.append   # hot loop: bound once
+    swapped: set[int] = set()       # tensors entered that come back by a swap-in
+    pop, push, visit, emit = stack.pop, stack.append, visited.add, steps.append   # hot loop: bound once
     while stack:
         t = pop()
         if t < 0:
             t = ~t
-            emit((True, t) if how[t] else (False, producer[t]))
+            if t in swapped:
+                emit((True, t))
+                continue
+            n = producer[t]
+            if n not in seen:
+                seen.add(n)
+                emit((False, n))
+                for u in inputs[n]:
+                    pending[u] = get(u, 0) + 1
             continue
         if t in visited:
             continue
         visit(t)
         push(~t)
-        sw = how[t] = by_swap(t)
-        if not sw:
-            for u in reversed(inputs[producer[t]]):
-                if u not in visited and is_missing(u):
-                    push(u)
-    pending: dict[int, int] = {}
-    steps: list[tuple[bool, int]] = []
-    seen: set[int] = set()
-    get = pending.get
-    for sw, x in order:
-        if not sw:
-            if x in seen:
-                continue
-            seen.add(x)
-            for u in inputs[x]:
-                pending[u] = get(u, 0) + 1
-        steps.append((sw, x))
+        if by_swap is not None and by_swap(t):
+            swapped.add(t)
+            continue
+        for u in reversed(inputs[producer[t]]):
+            if u not in visited and is_missing(u):
+                push(u)
     for u in needed:
         pending[u] = get(u, 0) + 1
     return steps, pending

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
-from libra_opt.passes.regeneration import dropped_after_step, regeneration_steps
+from libra_opt.passes.regeneration import regeneration_steps
 
 from .codes import ARRIVING, KEEP, LIVE, MISSING, REC, SWAP
 
@@ -156,11 +156,6 @@ def early_targets(st, q: int) -> list[int]:
         if e is not None and e.at == q and st.w_b[j] == q and policy_of(st, j) == REC:
             out.extend(e.tensors)
     return out
-
-
-def _never(t: int) -> bool:
-    """``regeneration_steps``' ``by_swap`` where no window is swapped."""
-    return False
 
 
 def chain_at(pt, wt, st, q: int) -> Chain | None:
@@ -326,7 +321,7 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
         return v
 
     if plain:
-        by_swap = _never   # no window swapped (nor arriving): every missing tensor is recomputed
+        by_swap = None   # no window swapped (nor arriving): every missing tensor is recomputed
     steps, pending = regeneration_steps(needed, missing, is_missing, by_swap, pt.t_prod, n_inputs)
     made: set[int] = set()
     resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
@@ -363,8 +358,11 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             t_act[s] and any(stc(u) == ARRIVING for u in vs))
         return v
 
-    # the byte accounting of add and drop is inlined below, and the cache lookup of allocated_before:
-    # this loop runs for every candidate evaluation of the descents and the finish
+    # the byte accounting of add and drop is inlined below, the cache lookup of allocated_before, and the
+    # drop rule (dropped_after_step's test, run on each candidate in its order: a tensor dropped leaves
+    # ``resident``, so a second read of it is not dropped twice): this loop runs for every candidate
+    # evaluation of the descents and the finish
+    pget = pending.get
     for sw, x in steps:
         if sw:
             if x in resident or stc(x) == LIVE:
@@ -409,26 +407,31 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
         if sw:
             if new:   # a synchronous swap-in
                 time_s += nb[x] / h2d * margin1
-                peak = max(peak, cur)
+                if cur > peak:
+                    peak = cur
             cands = (x,)
         else:
-            peak = max(peak, cur + transient)
+            c = cur + transient
+            if c > peak:
+                peak = c
             ins = n_inputs[x]
             for u in ins:
                 pending[u] -= 1
                 if t_act[u]:
                     touched.add(tsto[u])
             cands = (*ins, *new)
-        for t in dropped_after_step(cands, resident, pending, q, t_out, last_eff, tsto, off):
-            resident.discard(t)
-            s = tsto[t]
-            refs[s] -= 1
-            if refs[s] == 0:
-                ab = pre_alloc.get(s)
-                if ab is None:
-                    ab = allocated_before(s)
-                if not ab:
-                    cur -= nb[s]
+        for t in cands:                  # the drop rule, then drop(t)
+            if t in resident and not pget(t, 0) and not t_out[t] and (last_eff[t] <= q or off(tsto[t], q)):
+                resident.discard(t)
+                s = tsto[t]
+                r = refs[s] - 1
+                refs[s] = r
+                if r == 0:
+                    ab = pre_alloc.get(s)
+                    if ab is None:
+                        ab = allocated_before(s)
+                    if not ab:
+                        cur -= nb[s]
     for t in missing:
         touched.add(tsto[t])
     ch = Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),

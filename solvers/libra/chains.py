@@ -400,7 +400,12 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             if r == 0:
                 ab = pre_alloc.get(s)
                 if ab is None:
-                    ab = allocated_before(s)
+                    if t == s and len(views[s]) == 1:
+                        # allocated_before(s), t its only tensor: t is not live (it is new) and its state is
+                        # cached (the checks above asked it)
+                        ab = pre_alloc[s] = bool(t_act[s]) and cache[t] == ARRIVING
+                    else:
+                        ab = allocated_before(s)
                 if not ab:
                     cur += nb[s]
             refs[s] = r + 1

@@ -90,29 +90,42 @@ def prefetch_pos(st, j: int) -> int:
     return st.pos[j]
 
 
+def state_reader(pt, wt, st) -> Callable[[int, int], int]:
+    """:func:`tensor_state` for one state: ``read(t, q)``, the tables and
+    the state's fields looked up once (a replay asks it for every tensor its
+    walk reaches).  The state must not change while ``read`` is used."""
+    t_act, t_out, last_eff, t_storage = pt.t_act, pt.t_out, st.t_last_eff, pt.t_storage
+    s_win, h, pol_l, w_a, w_hi = st.s_win.get, st.hyp, st.pol_l, wt.w_a_l, st.w_hi
+    hw, hs, hpol = (h.window, h.storage, h.policy) if h is not None else (-1, -1, KEEP)
+
+    def read(t: int, q: int) -> int:
+        if not t_act[t]:
+            return LIVE
+        if not t_out[t] and last_eff[t] < q:
+            return MISSING
+        s = t_storage[t]
+        ws = s_win(s, ())
+        if hs == s and hw not in ws:
+            ws = (*ws, hw)
+        for j in ws:
+            pol = hpol if j == hw else pol_l[j]
+            if pol == KEEP:
+                continue
+            if w_a[j] < q <= w_hi[j].get(t, -1):
+                if pol == SWAP and t == s and q > prefetch_pos(st, j):
+                    return ARRIVING
+                return MISSING
+        return LIVE
+
+    return read
+
+
 def tensor_state(pt, wt, st, t: int, q: int) -> int:
     """State of tensor ``t`` just before position ``q``'s chain: ``LIVE``,
     ``MISSING`` (off the device: regenerate it) or ``ARRIVING`` (a swapped
-    base storage whose swap-in was issued before ``q``)."""
-    if not pt.t_act[t]:
-        return LIVE
-    if not pt.t_out[t] and st.t_last_eff[t] < q:
-        return MISSING
-    s = pt.t_storage[t]
-    ws = st.s_win.get(s, ())
-    h = st.hyp
-    if h is not None and h.storage == s and h.window not in ws:
-        ws = (*ws, h.window)
-    pol_l, w_a, w_hi = st.pol_l, wt.w_a_l, st.w_hi
-    for j in ws:
-        pol = h.policy if h is not None and h.window == j else pol_l[j]
-        if pol == KEEP:
-            continue
-        if w_a[j] < q <= w_hi[j].get(t, -1):
-            if pol == SWAP and t == s and q > prefetch_pos(st, j):
-                return ARRIVING
-            return MISSING
-    return LIVE
+    base storage whose swap-in was issued before ``q``).  Many queries of one
+    state: :func:`state_reader`."""
+    return state_reader(pt, wt, st)(t, q)
 
 
 def storage_off(wt, st, s: int, q: int) -> bool:
@@ -258,9 +271,9 @@ def _holds(pt, wt, st, q: int, e: _Entry) -> bool:
         return False
     if last_of(st.t_last_eff) != last:
         return False
-    ts = tensor_state
+    ts = state_reader(pt, wt, st)
     for t, v in zip(tensors, states):
-        if ts(pt, wt, st, t, q) != v:
+        if ts(t, q) != v:
             return False
     for s, v in zip(storages, offs):
         if storage_off(wt, st, s, q) != v:
@@ -285,9 +298,9 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             early = tuple(extra)
     cache: dict[int, int] = {}     # tensor -> state before this chain
     missing = []
-    tstate = tensor_state
+    tstate = state_reader(pt, wt, st)
     for t in needed:
-        v = cache[t] = tstate(pt, wt, st, t, q)
+        v = cache[t] = tstate(t, q)
         if v != LIVE:
             missing.append(t)
     if not missing:
@@ -298,14 +311,14 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
         """State of tensor ``t`` before this chain, cached."""
         v = cache.get(t)
         if v is None:
-            v = cache[t] = tstate(pt, wt, st, t, q)
+            v = cache[t] = tstate(t, q)
         return v
 
     def is_missing(t):
         """Tensor ``t`` is not resident before this chain (``stc(t) != LIVE``, the lookup inlined)."""
         v = cache.get(t)
         if v is None:
-            v = cache[t] = tstate(pt, wt, st, t, q)
+            v = cache[t] = tstate(t, q)
         return v != LIVE
 
     swapped: dict[int, bool] = {}   # base tensor -> has_swap's answer

@@ -438,3 +438,29 @@ def test_a_hybrid_descent_that_waits_runs_where_the_plan_found_stalls(monkeypatc
         off = get_solver("libra", policy="hybrid").solve(p.replace(), int(frac * no_remat_peak(p)))
         assert off.simulation.stall_s > 0.25 * off.added_s   # the trigger's condition, where it was on
         assert r.extras["descent"].startswith("hybrid-waits") and r.added_s < 0.95 * off.added_s
+
+
+@pytest.mark.parametrize("policy", ["swap", "hybrid", "recompute"])
+def test_a_budget_is_met_for_the_tightening_where_any_snapshot_lowers_within_it(policy):
+    """``LibraSolver._first_met`` (the tightening asks only whether a budget is met): it prepares and
+    lowers the snapshots one at a time until one fits, and answers as preparing and lowering every
+    one does (met where any fits); a plan it returns is within the budget."""
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p = slow_layered(120, 0)
+    peak, floor = no_remat_peak(p), memory_lower_bound(p)
+    budgets = sorted({floor - 1, *(int(floor + (peak - floor) * k / 12) for k in range(1, 12))})
+    solver = LibraSolver(policy=policy)
+    refs = solver._refiners(p)
+    snaps = solver._descend_all(refs, budgets)
+    met = 0
+    for b in budgets:
+        these = [s.get(b) for s in snaps]
+        want = any(ref.realize(ref.prepare(snap, b, exchange=False, polish=False), snap, b) is not None
+                   for ref, snap in zip(refs, these) if snap is not None)
+        got = solver._first_met(refs, these, b)
+        assert (got is not None) == want, (policy, b)
+        if got is not None:
+            assert got.plan.simulation.peak_bytes <= b and these[got.descent] is not None
+            met += 1
+    assert 0 < met < len(budgets)   # under the memory floor, nothing is met

@@ -1254,8 +1254,10 @@ class LibraSolver(Solver):
         cheapest estimate, then, in hybrid mode, policy switches on the plans
         (:meth:`_switched`), each switched plan kept where it simulates
         cheaper; ``None`` where none lowers within it.  ``_Found.descent``
-        indexes ``refs``."""
-        polish = not met_only
+        indexes ``refs``.  ``met_only``: only whether the budget is met
+        (:meth:`_first_met`)."""
+        if met_only:
+            return self._first_met(refs, snaps, budget)
         cands = []
         seen: dict[tuple, tuple] = {}   # descents that stopped in the same state share one prepared plan
         for k, (ref, snap) in enumerate(zip(refs, snaps)):
@@ -1263,9 +1265,9 @@ class LibraSolver(Solver):
                 key = self._state_key(ref, snap)
                 prepared = seen.get(key)
                 if prepared is None:
-                    prepared = seen[key] = ref.prepare(snap, budget, exchange=False, polish=polish)
+                    prepared = seen[key] = ref.prepare(snap, budget, exchange=False)
                 cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
-        if self.options.exchange and polish and cands and refs[0].problem.num_nodes <= EXCHANGE_MAX_NODES:
+        if self.options.exchange and cands and refs[0].problem.num_nodes <= EXCHANGE_MAX_NODES:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
             # (the plans without them stay candidates: the estimate can drift from the simulation); on
             # larger problems there are none (exchange.MAX_NODES), and preparing again finds the same plan
@@ -1275,16 +1277,38 @@ class LibraSolver(Solver):
                     prepared = refs[k].prepare(snaps[k], budget, exchange=True)
                     if prepared.timeline.added_s() < est:
                         cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
-        best = self._cheapest(refs, snaps, cands, budget, met_only)
-        if best is not None and self.options.switch and self.options.policy == "hybrid" and polish:
+        best = self._cheapest(refs, snaps, cands, budget)
+        if best is not None and self.options.switch and self.options.policy == "hybrid":
             # policy switches: only where a plan of the descents meets the budget (they change what a
             # plan costs, not which budgets are met: the tightening's stated minimum holds), and only a
             # switched plan cheaper than that plan once simulated replaces it
-            found = self._cheapest(refs, snaps, self._switched(refs, cands, budget), budget, met_only,
+            found = self._cheapest(refs, snaps, self._switched(refs, cands, budget), budget,
                                    below=best.plan.simulation.added_s)
             if found is not None and found.plan.simulation.added_s < best.plan.simulation.added_s:
                 best = found
         return best
+
+    def _first_met(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int) -> _Found | None:
+        """:meth:`_finished` for a caller that asks only whether ``budget``
+        (bytes) is met (the tightening): the snapshots, lowest estimate first,
+        each prepared without the passes that only save time (descents that
+        stopped in the same state share one prepared plan) and lowered (with
+        repairs, each by its own descent) one after another, until one lowers
+        within the budget.  The same answer as preparing them all first and
+        lowering until one fits, with fewer undo passes: each is deterministic,
+        and the answer is whether any of them fits.  ``None`` where none does."""
+        seen: dict[tuple, Prepared] = {}
+        order = sorted((snap.timeline.added_s(), k) for k, snap in enumerate(snaps) if snap is not None)
+        for _, k in order:
+            ref, snap = refs[k], snaps[k]
+            key = self._state_key(ref, snap)
+            prepared = seen.get(key)
+            if prepared is None:
+                prepared = seen[key] = ref.prepare(snap, budget, exchange=False, polish=False)
+            plan = ref.realize(prepared, snap, budget)
+            if plan is not None:
+                return _Found(plan, k, "")
+        return None
 
     @staticmethod
     def _state_key(ref: Refiner, snap: Snapshot) -> tuple:
@@ -1302,16 +1326,15 @@ class LibraSolver(Solver):
 
     @staticmethod
     def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
-                  met_only: bool, below: float = math.inf) -> _Found | None:
+                  below: float = math.inf) -> _Found | None:
         """Lower and simulate ``cands``,
         cheapest estimate first, until one's estimate is no better than the
         cheapest simulated plan within ``budget`` or than ``below`` (seconds)
-        (and is not pessimistic); with ``met_only``, until one is within it.
-        The cheapest simulated plan, or ``None``."""
+        (and is not pessimistic).  The cheapest simulated plan, or ``None``."""
         best = None
         for est, k, prepared, tag in sorted(cands, key=lambda c: (c.estimate, c.descent)):
             top = min(below, best.plan.simulation.added_s) if best is not None else below
-            if (best is not None and met_only) or (est >= top and not prepared.timeline.state.swap.pessimistic):
+            if est >= top and not prepared.timeline.state.swap.pessimistic:
                 break   # its estimate is not pessimistic and already no better than a simulated plan
             plan = refs[k].realize(prepared, snaps[k], budget)
             if plan is None:

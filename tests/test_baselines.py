@@ -381,6 +381,26 @@ def test_libra_pool_builds_only_plans_that_can_win():
         p.tables.memo("libra.baseline_plans", dict).clear()   # a pool built afresh
 
 
+
+def test_libra_pool_min_peak_is_the_least_peak_of_every_plan():
+    """``_BaselinePool.min_peak`` lowers each plan only until its peak reaches the least found so far,
+    and answers the least of ``under`` and every plan's peak (each plan built whole, afresh)."""
+    from libra_opt.simulator import no_remat_peak
+    from libra_opt.solvers.libra.solver import RECOMPUTE_BASELINES, REACH_BASELINES, _BaselinePool
+    checked = 0
+    for p in _bound_problems():
+        peak = no_remat_peak(p)
+        for names in (RECOMPUTE_BASELINES, REACH_BASELINES):
+            p.tables.memo("libra.baseline_plans", dict).clear()
+            peaks = [c.plan_within(None).simulation.peak_bytes for n in names
+                     for c in _BaselinePool(p).candidates(n)]
+            for under in (peak, int(0.8 * peak), min(peaks) + 1):
+                p.tables.memo("libra.baseline_plans", dict).clear()   # a pool built afresh
+                assert _BaselinePool(p).min_peak(names, under) == min([under, *peaks]), (p.name, names, under)
+                checked += 1
+        p.tables.memo("libra.baseline_plans", dict).clear()
+    assert checked == 3 * 2 * len(_bound_problems())
+
 def _plain_safe_decisions(problem, evict, windows):
     """safe_recompute_decisions' rule walked plainly, as a reference: every activation input followed
     (no tainted-tensor filter), every walk from scratch (no work shared between walks)."""

@@ -404,9 +404,10 @@ class _BaselinePool:
         recompute-only at 0.5 of its peak (the descents' least is 0.706 of
         it): ``checkpoint-all``'s plan is stopped after 127,518 of its
         500,277 instructions (0.29 CPU s; 0.82 s where it was lowered until
-        its peak reached the no-remat peak).  Each plan is lowered only until
-        its peak reaches the least found so far (in ``names``' order: a plan
-        at or over it does not change the answer either)."""
+        its peak reached the no-remat peak).  Each baseline's plans are
+        lowered only until their peak reaches the least found by the
+        baselines before it in ``names`` (a plan at or over it does not
+        change the answer either)."""
         least = under
         for name in names:
             for p in self.plans(name, limit=least - 1):

@@ -91,9 +91,13 @@ def prefetch_pos(st, j: int) -> int:
 
 
 def state_reader(pt, wt, st) -> Callable[[int, int], int]:
-    """:func:`tensor_state` for one state: ``read(t, q)``, the tables and
-    the state's fields looked up once (a replay asks it for every tensor its
-    walk reaches).  The state must not change while ``read`` is used."""
+    """The tensor-state query of one state: ``read(t, q)``, the state of
+    tensor ``t`` just before position ``q``'s chain: ``LIVE``, ``MISSING``
+    (off the device: regenerate it) or ``ARRIVING`` (a swapped base storage
+    whose swap-in was issued before ``q``); under the state's hypothesis
+    (``st.hyp``) if any.  The tables and the state's fields are looked up
+    once (a replay asks it for every tensor its walk reaches): the state
+    must not change while ``read`` is used."""
     t_act, t_out, last_eff, t_storage = pt.t_act, pt.t_out, st.t_last_eff, pt.t_storage
     s_win, h, pol_l, w_a, w_hi = st.s_win.get, st.hyp, st.pol_l, wt.w_a_l, st.w_hi
     hw, hs, hpol = (h.window, h.storage, h.policy) if h is not None else (-1, -1, KEEP)
@@ -118,14 +122,6 @@ def state_reader(pt, wt, st) -> Callable[[int, int], int]:
         return LIVE
 
     return read
-
-
-def tensor_state(pt, wt, st, t: int, q: int) -> int:
-    """State of tensor ``t`` just before position ``q``'s chain: ``LIVE``,
-    ``MISSING`` (off the device: regenerate it) or ``ARRIVING`` (a swapped
-    base storage whose swap-in was issued before ``q``).  Many queries of one
-    state: :func:`state_reader`."""
-    return state_reader(pt, wt, st)(t, q)
 
 
 def storage_off(wt, st, s: int, q: int) -> bool:
@@ -181,7 +177,7 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     where the lowering emits instructions.
 
     A chain is a function of ``q``, the static tables and the answers to
-    the state queries its replay asks (:func:`tensor_state`,
+    the state queries its replay asks (:func:`state_reader`,
     :func:`storage_off`, :func:`has_swap`, :func:`early_targets`, and
     whether a tensor's last use is at or before ``q``).  A chain replayed
     before is returned again where every query it asked gets the same answer
@@ -215,7 +211,7 @@ MEMO_MIN_QUERIES = 64
 class _Entry(NamedTuple):
     """A chain of a :class:`ChainMemo` with the answers to the state queries
     its replay asked, in the order of each kind's first ask."""
-    tensors: tuple          # tensors whose tensor_state was asked
+    tensors: tuple          # tensors whose state was asked (state_reader)
     states: tuple           # the answers
     last_of: Callable       # getter of their entries of st.t_last_eff
     last: object            # those entries (the drop rule reads last use <= q: an equal last use answers the same)

@@ -482,7 +482,7 @@ class Timeline:
         change when its swap-in moves from position ``was`` (``None``: not
         swapped before) to ``now``.  A chain before position ``q`` reads the
         swap-in position only through which side of ``q`` it is on (arriving
-        where ``q`` is after it; off where ``q`` is before it: ``chains.tensor_state``,
+        where ``q`` is after it; off where ``q`` is before it: ``chains.state_reader``,
         ``chains.storage_off``), so chains on the same side of both are unchanged."""
         st = self.state
         lo, hi = self.windows.w_a[k], st.w_maxhi[k]

@@ -212,3 +212,39 @@ def test_hybrid_never_above_recompute_only(kind, n, seed, copy_steps):
         assert hyb.success and hyb.added_s <= rec.added_s + 1e-9 * max(p.total_compute_s, 1.0), (frac, hyb.added_s,
                                                                                                   rec.added_s)
         assert_fits(p, hyb)
+
+
+@pytest.mark.parametrize("chained", [False, True])
+def test_covering_program_covers_every_excess_without_a_warning(chained):
+    """The covering program's windows (``exchange._cover_windows``, HiGHS through
+    ``scipy.optimize.milp`` with an option ``milp`` does not name, passed to HiGHS verbatim)
+    remove, under its additive model, the excess bytes at every position of the keep-everything
+    timeline over the budget, take at most one of two overlapping windows of a storage, and the
+    solve raises no warning (an option HiGHS refused would)."""
+    import warnings
+
+    import numpy as np
+
+    from libra_opt.solvers.libra import exchange as X
+    from libra_opt.solvers.libra.records import fresh_timeline
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraOptions
+
+    p = G.large_beside_small_graph(24, seed=3)
+    ref = Refiner(p, LibraOptions(policy="recompute", windows="default"))
+    tl = fresh_timeline(p, ref.mode, ref.opts.swap_overlap_margin)
+    mem = tl.memory()
+    for frac in (0.9, 0.8, 0.7):
+        budget = int(frac * int(mem.max()))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            cols = X._cover_windows(ref, budget, chained)
+        assert cols, frac
+        lo, hi = tl.windows.w_a + 1, tl.state.w_b - 1
+        for q in np.flatnonzero(mem > budget).tolist():
+            freed = sum(int(tl.windows.w_bytes[j]) for j in cols if lo[j] <= q <= hi[j])
+            assert mem[q] - freed <= budget, (frac, q)
+        for a in cols:
+            for b in cols:
+                if a < b and tl.windows.w_s[a] == tl.windows.w_s[b]:
+                    assert hi[a] < lo[b] or hi[b] < lo[a]

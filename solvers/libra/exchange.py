@@ -48,6 +48,7 @@ eviction window and its cost made additive).
 """
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -190,7 +191,11 @@ def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[in
     removing the excess bytes; overlapping windows of one storage exclusive),
     solved with HiGHS (``scipy.optimize.milp``, stopped within
     :data:`COVER_GAP` of its optimum or after :data:`COVER_NODES`
-    branch-and-bound nodes).  ``None`` where it has no solution.  The model
+    branch-and-bound nodes; HiGHS's feasibility-jump heuristic off, passed
+    through ``milp``'s options: it costs about 5 ms per solve whatever the
+    size, most of a small program's time, and no plan of ``problems/``, the
+    external graphs or the generated ones changed without it).  ``None``
+    where it has no solution.  The model
     is the knapsack-cover structure a best-ratio greedy overshoots: several
     cheap recomputes instead of the best-ratio ones.  ``chained``: price
     chained recomputes (:func:`_chained_pairs`); neither model is exact, and
@@ -240,9 +245,12 @@ def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[in
         need.append(np.full(m, -np.inf))
         ub.append(np.ones(m))
         cost = np.concatenate([cost, [rtime[tl.windows.w_prod[cols[y]]] for _, y in pairs]])
-    res = milp(cost, constraints=LinearConstraint(A, np.concatenate(need), np.concatenate(ub)),
-               integrality=np.concatenate([np.ones(n), np.zeros(m)]), bounds=Bounds(0, 1),
-               options=dict(mip_rel_gap=COVER_GAP, node_limit=COVER_NODES, time_limit=COVER_TIME_S))
+    with warnings.catch_warnings():   # scipy passes options it does not name to HiGHS, with this warning
+        warnings.filterwarnings("ignore", message="Unrecognized options", category=RuntimeWarning)
+        res = milp(cost, constraints=LinearConstraint(A, np.concatenate(need), np.concatenate(ub)),
+                   integrality=np.concatenate([np.ones(n), np.zeros(m)]), bounds=Bounds(0, 1),
+                   options=dict(mip_rel_gap=COVER_GAP, node_limit=COVER_NODES, time_limit=COVER_TIME_S,
+                                mip_heuristic_run_feasibility_jump=False))
     if res.x is None:
         return None
     return sorted(cols[res.x[:n] > 0.5].tolist(), key=lambda j: (-int(tl.windows.w_bytes[j]), j))

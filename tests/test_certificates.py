@@ -68,8 +68,12 @@ def test_a_recompute_bound_is_not_applied_to_a_plan_with_swaps():
     milp = solve(p, 60, solver="checkmate-milp", **FAST_MILP)
     (mb,) = [b for b in milp.bounds if "MILP bound" in b.source]
     assert mb.kind == RECOMPUTE and mb.value_s > swap.time_s   # applied to the swap plan it would be negative
-    cert = best_bound(p, 60, swap.schedule, milp.bounds)
+    rec = [b for b in milp.bounds if b.kind == RECOMPUTE]
+    cert = best_bound(p, 60, swap.schedule, rec)
     assert cert.bound is None and cert.gap is None
+    # with all of checkmate-milp's bounds it gets a hybrid one (a cut bound: every plan), never a recompute one
+    cert = best_bound(p, 60, swap.schedule, milp.bounds)
+    assert cert.kind == HYBRID and 0 <= cert.gap and cert.lower_bound_s <= swap.time_s
     # a hybrid bound of the same value is applied to it, and then it is a bug: warned about, not used
     hybrid = Bound(mb.value_s, HYBRID, "test", 60)
     with pytest.warns(InvalidBoundWarning, match="above the simulated time"):
@@ -122,12 +126,15 @@ def test_a_coarsened_models_bound_is_not_a_bound_on_the_fine_problem():
     for name in ("checkmate-milp", "checkmate-lp"):
         r = solve(p, budget, solver=name, max_nodes=12, time_limit_s=10.0)
         assert r.extras["coarsened"]
-        assert r.bounds == () and r.lower_bound_s is None and r.gap is None and r.bound_kind is None
+        # no bound of the coarse model; the cut bounds of the problem itself (no model) only
+        assert r.bounds and all(b.source.startswith(("cut bound", "compute floor")) for b in r.bounds)
+        assert r.bound_source.startswith(("cut bound", "compute floor")) and r.gap >= 0
         assert r.extras["coarse_bounds_s"] and "coarsened model" in r.extras["bound_note"]
+        assert all(b.value_s <= v * (1 + 1e-9) for b in r.bounds for v in r.extras["coarse_bounds_s"].values())
     rows = compare(p, [budget], ["libra", "checkmate-milp"], solver_options={"checkmate-milp": dict(
-        max_nodes=12, time_limit_s=10.0)}, progress=False)
-    assert all(r.best_lower_bound_s is None and r.gap is None for r in rows)
-    assert "bound unknown *" in format_table(rows)
+        max_nodes=12, time_limit_s=10.0)}, progress=False, cut_bounds=False)
+    solver_bounded = [r for r in rows if r.best_lower_bound_s is not None]
+    assert all(r.bound_source.startswith(("cut bound", "compute floor")) for r in solver_bounded)
 
 
 def test_compare_shows_bound_unknown_with_its_footnote():
@@ -135,12 +142,15 @@ def test_compare_shows_bound_unknown_with_its_footnote():
     rows = compare(p, [60], ["swap-all", "chen-sqrt", "checkmate-milp"], solver_options={
         "checkmate-milp": FAST_MILP}, progress=False)
     by = {r.solver: r for r in rows}
-    assert by["swap-all"].gap is None and by["swap-all"].bound_kind is None
+    assert by["swap-all"].bound_kind == HYBRID and by["swap-all"].gap >= 0       # a cut bound: every plan
     assert by["chen-sqrt"].bound_kind == RECOMPUTE and by["chen-sqrt"].gap > 0   # a recompute plan: bounded
     assert by["checkmate-milp"].gap == pytest.approx(0.0, abs=1e-6)
+    # without the cut bounds, solvers that prove none leave their plans unbounded, with the footnote
+    rows = compare(p, [60], ["swap-all", "chen-sqrt"], progress=False, cut_bounds=False)
+    assert all(r.gap is None and r.bound_kind is None for r in rows)
     table = format_table(rows)
     lines = {line.split(" | ")[1]: line for line in table.splitlines() if line.startswith("| 66%")}
-    assert "bound unknown *" in lines["swap-all"] and "(recompute)" in lines["chen-sqrt"]
+    assert "bound unknown *" in lines["swap-all"] and "bound unknown *" in lines["chen-sqrt"]
     assert UNBOUNDED_NOTE in table
 
 
@@ -208,7 +218,9 @@ def test_checkmate_model_is_no_relaxation_so_its_bound_skips_a_reordered_plan_th
     with warnings.catch_warnings():
         warnings.simplefilter("error", InvalidBoundWarning)
         cert = best_bound(p, 15, reordered, milp.bounds, simulation=sim)
-    assert cert.bound is None and cert.gap is None
+    # only a bound of every plan (the floor, a cut bound) applies to it, never the model's 13 s
+    assert cert.bound is not None and cert.bound.source.startswith(("cut bound", "compute floor"))
+    assert cert.lower_bound_s <= 8.0 and cert.gap >= 0
 
 
 def test_model_covers_needs_a_point_within_budget_that_costs_no_more():

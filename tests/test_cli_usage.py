@@ -10,6 +10,7 @@ from libra_opt.cli import main
 from libra_opt.errors import BudgetError, LibraOptError
 from libra_opt.ir.problem_io import save_problem
 from libra_opt.ir.units import budget_from_text, check_budget, parse_budget, parse_bytes
+from libra_opt.solvers import solve
 from test_cli_compare import layered_chain  # no-remat peak 91 B; checkpoint-all 31 B; swap-all 41 B
 
 GiB = 2**30
@@ -189,18 +190,25 @@ def test_progress_bars_are_off_when_stderr_is_not_a_terminal(capsys):
 
 def test_compare_shows_no_negative_gap(capsys):
     """A swap plan faster than the Checkmate LP's bound (a bound on recompute-only plans) gets no
-    gap from it; the table says "bound unknown" with a footnote instead of a negative number."""
+    gap from it: its gap is to a hybrid bound (the cut bounds, which hold for every plan), never
+    negative; without the cut bounds the table says "bound unknown" with a footnote instead."""
     from libra_opt.apps.compare import UNBOUNDED_NOTE, compare, format_table
 
     p = layered_chain()
-    rows = compare(p, [60], ["swap-all", "checkmate-lp"], progress=False)
-    by = {r.solver: r for r in rows}
-    assert by["swap-all"].time_s < by["checkmate-lp"].best_lower_bound_s  # it does beat the bound
-    assert by["swap-all"].gap is None and by["swap-all"].best_lower_bound_s is None
-    assert by["checkmate-lp"].gap is not None and by["checkmate-lp"].gap >= 0
-    assert all(r.gap is None or r.gap >= 0 for r in rows)
+    for cut in (True, False):
+        rows = compare(p, [60], ["swap-all", "checkmate-lp"], progress=False, cut_bounds=cut)
+        by = {r.solver: r for r in rows}
+        lp_rec = [b for b in solve(p, 60, "checkmate-lp").bounds if b.kind == "recompute" and "LP" in b.source]
+        assert lp_rec and by["swap-all"].time_s < lp_rec[0].value_s  # it does beat the recompute bound
+        assert by["checkmate-lp"].gap is not None and by["checkmate-lp"].gap >= 0
+        assert all(r.gap is None or r.gap >= 0 for r in rows)
+        swap = by["swap-all"]
+        # checkmate-lp reports the cut bounds too: a hybrid bound on the swap plan either way
+        assert swap.bound_kind == "hybrid" and swap.best_lower_bound_s <= swap.time_s
+        assert "-%" not in format_table(rows)
+    rows = compare(p, [60], ["swap-all"], progress=False, cut_bounds=False)
     table = format_table(rows)
-    assert "bound unknown *" in table and UNBOUNDED_NOTE in table and "-%" not in table.split("*")[0]
+    assert rows[0].gap is None and "bound unknown *" in table and UNBOUNDED_NOTE in table
 
 
 def _no_rounding(monkeypatch):
@@ -233,7 +241,8 @@ def test_checkmate_lp_fallback_on_a_coarsened_graph_says_the_bound_is_for_the_co
     _no_rounding(monkeypatch)
     p = layered_chain(n=30)
     r = solve(p, 0.7, solver="checkmate-lp", max_nodes=12)
-    assert r.extras["coarsened"] and r.extras["heuristic"] and r.lower_bound_s is None
+    assert r.extras["coarsened"] and r.extras["heuristic"]
+    assert r.bound_source.startswith(("cut bound", "compute floor"))   # not the coarse LP's value
     assert "coarsened graph only" in r.message and r.extras["coarse_bounds_s"]["LP value"] > 0
     assert "bounds the coarsened graph only" in bound_text(r)
 

@@ -3,8 +3,9 @@
 :func:`compare` runs every solver at every budget on one problem and returns
 one :class:`Row` per (budget, solver): status, added step time, simulated
 peak, solve time, and the gap to the best lower bound valid for the row's
-plan among the bounds every solver proved at that budget
-(:func:`~libra_opt.solvers.certificates.best_bound`).  :func:`rows_to_csv`, :func:`format_table` and :func:`plot_rows`
+plan among the bounds every solver proved at that budget and the cut bounds
+(:func:`~libra_opt.solvers.certificates.cut_bounds`: every plan, no solver
+needed) (:func:`~libra_opt.solvers.certificates.best_bound`).  :func:`rows_to_csv`, :func:`format_table` and :func:`plot_rows`
 write the rows out.  This is the trade-off sweep of Checkmate (Jain et al.,
 MLSys 2020, sec. 6, fig. 5): cost of rematerialization against the budget,
 per method.
@@ -27,6 +28,7 @@ from ..atomic import atomic_write
 from ..errors import SolverError
 from ..ir.problem import RematProblem
 from ..passes.simulator import no_remat_peak
+from ..solvers import certificates
 from ..solvers.certificates import best_bound
 from ..ir.units import format_bytes, format_seconds, parse_budget
 
@@ -172,7 +174,8 @@ def _make_solver(solver, options: dict):
 
 
 def compare(problem: RematProblem, budgets: Sequence, solvers: Sequence, *,
-            solver_options: Mapping[str, Mapping] | None = None, progress: bool = True) -> list[Row]:
+            solver_options: Mapping[str, Mapping] | None = None, progress: bool = True,
+            cut_bounds: bool = True) -> list[Row]:
     """Run every solver at every budget.
 
     Parameters
@@ -190,6 +193,12 @@ def compare(problem: RematProblem, budgets: Sequence, solvers: Sequence, *,
         name or class.
     progress : bool
         Show a tqdm progress bar (on stderr).
+    cut_bounds : bool
+        Add the cut bounds at each budget
+        (:func:`~libra_opt.solvers.certificates.cut_bounds`) to the bounds the
+        solvers proved: every plan then has a gap, whichever solver made it.
+        ``False``: only the solvers' own bounds (a plan no solver bounds says
+        "bound unknown").
 
     Returns
     -------
@@ -245,6 +254,8 @@ def compare(problem: RematProblem, budgets: Sequence, solvers: Sequence, *,
     for i, b in enumerate(budget_bytes):
         at = [results[i, j] for j in range(len(made))]
         bounds = [bd for _, res in at if res is not None for bd in res.bounds]
+        if cut_bounds and any(res is not None and res.schedule is not None for _, res in at):
+            bounds += certificates.cut_bounds(problem, b)
         for r, res in at:
             if res is None or res.schedule is None:
                 rows.append(r)

@@ -3,11 +3,12 @@
 Runs every solver at every memory budget on one problem and prints a table:
 status, added step time (seconds and % of the no-remat step), simulated peak,
 solve time, and the gap to the best lower bound valid for that plan among
-those any solver proved at that budget, with the bound's plan class
+those any solver proved at that budget and the cut bounds (which hold for
+every plan: ``libra_opt.passes.cut_bounds``), with the bound's plan class
 (``recompute``: bounds plans without swaps, e.g. Checkmate's LP/MILP, and
 only plans its model dominates; ``hybrid``: every plan), or "bound unknown"
 where none holds (a plan that swaps against a recompute bound, a coarsened
-model's bound).  Gaps are never negative.  Every plan in the table was
+model's bound; with ``--no-cut-bounds``).  Gaps are never negative.  Every plan in the table was
 accepted by the simulator within its budget.  ``FILE`` is a libra-opt problem JSON or a networkx node-link remat
 graph such as Checkmate's (times there are relative cost units; see
 benchmarks/README.md for where to get them).
@@ -47,6 +48,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=positive_float, metavar="S",
                    help="seconds > 0 per solve, for solvers with a time limit (checkmate-milp)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-cut-bounds", action="store_true",
+                   help="gaps to the solvers' own bounds only (default: the cut bounds too, which bound every plan)")
     return p
 
 
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     peak = no_remat_peak(problem)
 
     rows = compare(problem, budgets, solvers, solver_options=time_limit_options(solvers, args.time_limit),
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, cut_bounds=not args.no_cut_bounds)
     unit = problem.provenance.extra.get("time_unit") if problem.provenance.source == "import" else None
     print(f"problem: {problem.name} ({len(problem.nodes)} nodes) from {args.file}")
     print(f"no-remat peak {format_bytes(peak)} ({peak} bytes), step {format_seconds(problem.total_compute_s)}"

@@ -66,13 +66,14 @@ def bound_text(result) -> str:
     ("bound unknown")."""
     from libra_opt.ir.units import format_seconds
 
+    coarse = result.extras.get("coarse_bounds_s")
+    values = ", ".join(f"{k} {format_seconds(v)}" for k, v in (coarse or {}).items())
     if result.lower_bound_s is not None:
         gap = "" if result.gap is None else f", gap {result.gap:.2%}"
+        also = f"; the {values} bounds the coarsened graph only" if coarse else ""
         return (f"step time >= {format_seconds(result.lower_bound_s)} for every {result.bound_kind} plan "
-                f"({result.bound_source}){gap}")
-    coarse = result.extras.get("coarse_bounds_s")
+                f"({result.bound_source}){gap}{also}")
     if coarse:
-        values = ", ".join(f"{k} {format_seconds(v)}" for k, v in coarse.items())
         return f"bound unknown (the {values} bounds the coarsened graph only, not this graph)"
     if result.bounds:
         kinds = sorted({b.kind for b in result.bounds})
@@ -92,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     solver = get_solver(args.solver, **solver_options(args, args.solver))
     result = solver.solve(problem, args.budget, raise_on_infeasible=False)
+    if result.success:   # the cut bounds: a gap for every plan, whichever solver made it
+        from libra_opt.solvers.certificates import with_cut_bounds
+
+        result = with_cut_bounds(problem, result)
     print(f"problem:  {problem.name} ({len(problem.nodes)} nodes) from {args.file}")
     print(f"solver:   {result.solver} {solver.options}")
     print(f"budget:   {format_bytes(result.budget_bytes)} ({result.budget_bytes} bytes)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Callable
 
-from ..certificates import RECOMPUTE, Bound, model_covers, plan_class
+from ..certificates import RECOMPUTE, Bound, cut_bounds, model_covers, plan_class
 from .model import model_peak_bytes
 from .plan import rs_from_s, s_from_schedule
 
@@ -96,17 +96,21 @@ def checkmate_bounds(setup: "CheckmateSetup", budget_bytes: int, solver: str, va
     On a coarsened model it bounds the coarse model only, which has fewer
     plans than the original: no bound is returned, and the values go to
     ``extras["coarse_bounds_s"]`` with ``extras["bound_note"]`` saying why.
+    The cut bounds of the original problem
+    (:func:`~libra_opt.solvers.certificates.cut_bounds`: valid for every plan
+    of their class, no model involved) are added either way.
 
     Returns
     -------
     tuple of Bound
     """
     values = [(label, float(v)) for label, v in values if v is not None and math.isfinite(v)]
+    cuts = cut_bounds(setup.original, budget_bytes)   # of the original problem: they hold on it, coarsened or not
     if setup.coarsened:
         if values:
             extras["coarse_bounds_s"] = dict(values)
             extras["bound_note"] = ("the bounds are of the coarsened model, whose plans are fewer than the "
                                     "original problem's: no bound on the original")
-        return ()
+        return cuts
     covers = checkmate_covers(setup.graph, budget_bytes)
-    return tuple(Bound(v, RECOMPUTE, f"{solver} ({label})", int(budget_bytes), covers) for label, v in values)
+    return tuple(Bound(v, RECOMPUTE, f"{solver} ({label})", int(budget_bytes), covers) for label, v in values) + cuts

@@ -10,8 +10,11 @@ the plan is read off ``(R, S, IN, OFF)`` by
 :func:`~libra_opt.solvers.checkmate_plan.schedule_from_rs` and judged by the
 simulator like every other solver's.
 
-What the result proves (:mod:`~libra_opt.solvers.certificates`): two
-``"hybrid"`` bounds, the compute floor (every plan's) and the MILP's bound,
+What the result proves (:mod:`~libra_opt.solvers.certificates`): three
+``"hybrid"`` bounds, the compute floor and the cut bound
+(:mod:`~libra_opt.passes.cut_bounds`; both hold for every plan the simulator
+accepts, and a plan within ``mip_gap`` of them is returned as optimal before
+any MILP is built), and the MILP's bound,
 which lower-bounds the simulated step time of **every plan in the model's
 space** (:mod:`~libra_opt.solvers.hybrid_model`: Checkmate stage plans plus
 one swap-out per value right after its first computation and swap-ins
@@ -26,7 +29,7 @@ tightened for the solver's tolerance), and stays in
 when the MILP proved its optimum and the returned plan's simulated time is
 within ``mip_gap`` of the bound (the simulator may charge waits the model
 does not: a host copy not yet complete, the device-to-host queue's tail), or
-the plan runs at the compute floor.
+the plan runs within ``mip_gap`` of the compute floor or the cut bound.
 
 Starting solution and fallback (as ``checkmate-milp``'s ``libra_hint``):
 libra's hybrid plan at the same budget, mapped onto the model's variables
@@ -60,7 +63,7 @@ import numpy as np
 from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, SolverOptionError
 
 from ..base import Solver
-from ..certificates import HYBRID, Bound, compute_floor_s, floor_bound, model_covers
+from ..certificates import HYBRID, Bound, cut_bounds, floor_bound, model_covers
 from .backends import MIPOptions, MipResult, check_mip_options, solve_mip
 from .plan import Candidate, CheckmateSetup, no_remat_solution, schedule_from_rs, solve_r_opt
 from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
@@ -102,7 +105,8 @@ class HybridMILPSolver(Solver):
     what the bound covers).
 
     Statuses: ``"optimal"`` (proven within ``mip_gap`` for the model's space,
-    and the plan simulates within it), ``"time_limit"`` (stopped at
+    and the plan simulates within it; or the plan is within ``mip_gap`` of
+    the cut bound, which holds for every plan), ``"time_limit"`` (stopped at
     ``time_limit_s`` with a plan), ``"feasible"`` (a plan without that
     proof).  An infeasible budget raises
     :class:`~libra_opt.errors.InfeasibleBudgetError` whose
@@ -171,6 +175,17 @@ class HybridMILPSolver(Solver):
                     pool.append(rr.best)
             extras["warm_start_lp_s"] = time.perf_counter() - t_lp
         fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
+        # bounds of every plan, no model involved: the compute floor and the cut bounds
+        plain = (floor_bound(problem, budget_bytes, self.name),) + cut_bounds(problem, budget_bytes)
+        proven_s = max(b.value_s for b in plain if b.kind == HYBRID)
+        extras["cut_bound_s"] = proven_s
+        if fitting and fitting[0].time_s <= proven_s * (1 + o.mip_gap):
+            c = fitting[0]   # within mip_gap of a bound on every plan: nothing for the MILP to find
+            c.schedule.meta.update({"solver": self.name, "status": OPTIMAL})
+            return RawSolution(c.schedule, OPTIMAL, None,
+                               f"the {c.name} plan is within mip_gap={o.mip_gap} of a lower bound on every plan "
+                               f"({proven_s:.9g} s): optimal without the MILP",
+                               dict(extras, returned=c.name), bounds=plain)
 
         model_budget = budget_bytes
         res = model = cand = None
@@ -203,8 +218,7 @@ class HybridMILPSolver(Solver):
         if res is not None and res.objective is not None:
             extras["objective_s"] = res.objective * scale
 
-        floor_s = compute_floor_s(problem)   # every plan runs each node an output depends on once
-        bounds = [floor_bound(problem, budget_bytes, self.name)]
+        bounds = list(plain)
         if bound_s is not None and model is not None and model_budget == budget_bytes:
             # a model tightened for the solver's tolerance has fewer plans: its bound is none at the budget
             bounds.append(Bound(bound_s, HYBRID, f"{self.name} (MILP bound)", int(budget_bytes),
@@ -219,8 +233,8 @@ class HybridMILPSolver(Solver):
                        else "the MILP found no plan within the time limit")
                 c.schedule.meta.update({"solver": self.name})
                 status = TIME_LIMIT if res is not None and res.hit_time_limit else FEASIBLE
-                if c.time_s <= floor_s * (1 + o.mip_gap):
-                    status = OPTIMAL  # no plan computes less than the compute floor
+                if c.time_s <= proven_s * (1 + o.mip_gap):
+                    status = OPTIMAL  # no plan runs faster than the floor or the cut bound
                 return RawSolution(c.schedule, status, None,
                                    f"{why}; returning the {c.name} plan, which the simulator accepts",
                                    dict(extras, returned=c.name), bounds=bounds)
@@ -241,14 +255,14 @@ class HybridMILPSolver(Solver):
             cand = fitting[0]
             msg += f"; the {cand.name} plan is faster than the MILP's and is returned"
             extras["returned"] = cand.name
-        if status == OPTIMAL and cand.time_s > max(bound_s, floor_s) * (1 + o.mip_gap) + 1e-12:
+        if status == OPTIMAL and cand.time_s > max(bound_s, proven_s) * (1 + o.mip_gap) + 1e-12:
             status = FEASIBLE  # the simulator charges waits the model does not (module docstring)
             msg += "; the plan simulates slower than the model's optimum (waits the model does not charge)"
         if bound_s is not None and cand.time_s < bound_s * (1 - 1e-9):
             status = FEASIBLE if status == OPTIMAL else status  # a plan outside the model: nothing proven of it
             msg += "; it lies outside the model (faster than the model's bound, which does not cover it)"
-        if cand.time_s <= floor_s * (1 + o.mip_gap):
-            status = OPTIMAL  # no plan computes less than the compute floor
+        if cand.time_s <= proven_s * (1 + o.mip_gap):
+            status = OPTIMAL  # no plan runs faster than the floor or the cut bound
         cand.schedule.meta.update({"solver": self.name, "status": status})
         return RawSolution(cand.schedule, status, None, msg, extras, bounds=bounds)
 

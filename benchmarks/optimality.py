@@ -14,9 +14,11 @@ and every budget:
 Each cell gives libra's added cost (step time minus the no-remat step), the
 exact solver's (``*``: proven optimal), their ratio, libra's gap to the best
 lower bound valid for libra's plan
-(:func:`libra_opt.solvers.certificates.best_bound`; "bound unknown" where
-none holds, e.g. a coarsened model's, or a Checkmate bound on a plan its
-model does not dominate), and the solve seconds of both.  "infeasible" where
+(:func:`libra_opt.solvers.certificates.best_bound`, among the exact solver's
+bounds and the cut bounds of :func:`libra_opt.solvers.certificates.cut_bounds`,
+which hold for every plan: a coarsened model's bound, or a Checkmate bound
+on a plan its model does not dominate, is never used), and the solve seconds
+of both.  "infeasible" where
 neither finds a plan: "proven" when the budget is below the memory floor
 (:func:`libra_opt.bounds.memory_lower_bound`), else "no plan found" (the
 exact solver stopped at its time limit, or its model excludes the plans that
@@ -141,6 +143,7 @@ def compare_pair(problem, budget_bytes: int, mode: str, exact: str, time_limit: 
     (greedy, gopts) = MODES[mode][0]
     row = dict(mode=mode, budget_bytes=budget_bytes, exact=exact)
     from libra_opt.passes.bounds import memory_lower_bound
+    from libra_opt.solvers.certificates import cut_bounds
 
     base = problem.total_compute_s
     notes = []
@@ -168,7 +171,9 @@ def compare_pair(problem, budget_bytes: int, mode: str, exact: str, time_limit: 
         if e.extras.get("bound_note"):
             notes.append(e.extras["bound_note"])
     if g is not None and g.success:
-        bounds = list(g.bounds) + (list(e.bounds) if e is not None else [])
+        # the exact solver's and the cut bounds (every plan: no solver needed, so rows whose exact solver
+        # failed or coarsened get a gap too)
+        bounds = list(g.bounds) + (list(e.bounds) if e is not None else []) + list(cut_bounds(problem, budget_bytes))
         cert = best_bound(problem, budget_bytes, g.schedule, bounds, simulation=g.simulation)
         row.update(greedy_gap=cert.gap, bound_s=cert.lower_bound_s, bound_kind=cert.kind,
                    bound_source=None if cert.bound is None else cert.bound.source)

@@ -229,3 +229,32 @@ def test_solve_rate_writes_a_row_per_solver_and_budget(tmp_path, capsys):
     md = (tmp_path / "solve_rate.md").read_text()
     for lab in labels:
         assert f"| {lab} | 2 |" in md   # its summary row: two rows (one per budget)
+
+
+def test_cut_bound_gaps_rows_are_valid_gaps_and_the_milp_rows_are_recounted(tmp_path):
+    """benchmarks/cut_bound_gaps.py on the U-Net at one budget and copy ratio: a row per libra policy,
+    each plan at or above its bound; a hybrid_optimality.py row re-counted with the cut bound keeps a
+    gap of at least 0 and at most its recorded one."""
+    import csv
+
+    from libra_opt.frontend.generators import large_beside_small_graph
+    from libra_opt.passes.simulator import no_remat_peak
+
+    cbg = load_benchmark("cut_bound_gaps")
+    out = tmp_path / "rows.csv"
+    assert cbg.main(["--max-nodes", "0", "--only", "unet", "--budgets", "0.8", "--ratios", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [(r["instance"], r["policy"]) for r in rows] == [("unet", "hybrid"), ("unet", "recompute")]
+    for r in rows:
+        assert r["status"] in ("feasible", "optimal") and float(r["time_s"]) >= float(r["bound"]) * (1 - 1e-9)
+        assert 0 <= float(r["gap"]) <= float(r["floor_gap"]) + 1e-12
+    milp = tmp_path / "milp.csv"
+    budget = int(0.6 * no_remat_peak(large_beside_small_graph(24, seed=0)))
+    with open(milp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["instance", "bandwidth_x_step", "budget_fraction", "budget_bytes", "status",
+                                          "time_s", "lower_bound_s", "gap"])
+        w.writeheader()
+        w.writerow(dict(instance="large_beside_small_n24", bandwidth_x_step=1, budget_fraction=0.6,
+                        budget_bytes=budget, status="feasible", time_s=1e9, lower_bound_s=1.0, gap=1e9 - 1))
+    (rec,) = cbg.recount([str(milp)])
+    assert rec["cut_bound"] > 1.0 and 0 <= rec["gap"] < rec["recorded_gap"] and not rec["met"]

@@ -160,6 +160,18 @@ class HybridMILPSolver(Solver):
             if libra is not None:
                 pool.append(libra)
                 extras["libra_time_s"] = libra.time_s
+        # bounds of every plan, no model involved: the compute floor and the cut bounds
+        plain = (floor_bound(problem, budget_bytes, self.name),) + cut_bounds(problem, budget_bytes)
+        proven_s = max(b.value_s for b in plain if b.kind == HYBRID)
+        extras["cut_bound_s"] = proven_s
+        fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
+        if fitting and fitting[0].time_s <= proven_s * (1 + o.mip_gap):
+            c = fitting[0]   # within mip_gap of a bound on every plan: nothing for the LP or the MILP to find
+            c.schedule.meta.update({"solver": self.name, "status": OPTIMAL})
+            return RawSolution(c.schedule, OPTIMAL, None,
+                               f"the {c.name} plan is within mip_gap={o.mip_gap} of a lower bound on every plan "
+                               f"({proven_s:.9g} s): optimal without the MILP",
+                               dict(extras, returned=c.name), bounds=plain)
         if o.warm_start and g.min_stage_bytes() <= budget_bytes:
             # Checkmate's LP rounding (recompute only, sec. 5.2): a plan of the model, cheap next to the MILP
             from .lp import round_lp
@@ -175,17 +187,6 @@ class HybridMILPSolver(Solver):
                     pool.append(rr.best)
             extras["warm_start_lp_s"] = time.perf_counter() - t_lp
         fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
-        # bounds of every plan, no model involved: the compute floor and the cut bounds
-        plain = (floor_bound(problem, budget_bytes, self.name),) + cut_bounds(problem, budget_bytes)
-        proven_s = max(b.value_s for b in plain if b.kind == HYBRID)
-        extras["cut_bound_s"] = proven_s
-        if fitting and fitting[0].time_s <= proven_s * (1 + o.mip_gap):
-            c = fitting[0]   # within mip_gap of a bound on every plan: nothing for the MILP to find
-            c.schedule.meta.update({"solver": self.name, "status": OPTIMAL})
-            return RawSolution(c.schedule, OPTIMAL, None,
-                               f"the {c.name} plan is within mip_gap={o.mip_gap} of a lower bound on every plan "
-                               f"({proven_s:.9g} s): optimal without the MILP",
-                               dict(extras, returned=c.name), bounds=plain)
 
         model_budget = budget_bytes
         res = model = cand = None

@@ -173,7 +173,9 @@ def check_case(problem: RematProblem, budget, solver: str, **options) -> tuple[s
     an :class:`~libra_opt.errors.InfeasibleBudgetError` that states a smallest
     feasible budget above the one asked; ``"solver_error"`` for a
     :class:`~libra_opt.errors.SolverError`; ``"internal_error"`` for any other
-    exception, an invalid plan, or a plan over budget (the message says
+    exception, an invalid plan, a plan over budget, or a plan that runs
+    faster than the cut bound of its class
+    (:func:`~libra_opt.passes.cut_bounds.cut_lower_bound`; the message says
     which).  Never raises for what the solver does.
     """
     from ..errors import InfeasibleBudgetError, LibraOptError, SolverError
@@ -199,6 +201,13 @@ def check_case(problem: RematProblem, budget, solver: str, **options) -> tuple[s
         return INTERNAL_ERROR, f"returned a plan the simulator rejects: {e}"
     if sim.peak_bytes != res.peak_bytes:
         return INTERNAL_ERROR, f"reports peak {res.peak_bytes} bytes, simulated {sim.peak_bytes}"
+    from ..passes.cut_bounds import cut_lower_bound
+    from ..solvers.certificates import HYBRID, plan_class
+
+    cut = cut_lower_bound(problem, res.budget_bytes, swaps=plan_class(res.schedule) == HYBRID)
+    if sim.time_s < cut.time_s * (1 - 1e-9):
+        return INTERNAL_ERROR, (f"simulates in {sim.time_s!r} s, under the cut bound {cut.time_s!r} s of its plan class "
+                                f"(node {cut.node}): the bound or the simulator is wrong")
     return PLAN, ""
 
 

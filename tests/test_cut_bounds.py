@@ -131,3 +131,27 @@ def test_over_max_nodes_the_bound_is_the_floor(monkeypatch):
     monkeypatch.setattr(C, "MAX_NODES", 5)
     b = C.cut_lower_bound(p, 60, swaps=False)
     assert b.time_s == b.floor_s == 19.0 and b.node is None
+
+
+def test_free_recomputes_are_taken_first_without_a_numeric_warning():
+    """A producer that costs nothing to recompute frees its bytes first (the knapsack's ratio is
+    infinite, not a division overflow), and the bound still holds for every solver's plan."""
+    from libra_opt.ir.problem import BACKWARD, ProblemBuilder
+
+    b = ProblemBuilder()
+    acts = [b.input("x", 4)]
+    for i in range(1, 7):
+        acts += b.op(f"f{i}", [acts[-1]], [(f"a{i}", 10)], time_s=0.0 if i == 2 else 1.0)
+    (grad,) = b.op("loss", [acts[-1]], [("L", 1)], time_s=1.0)
+    for i in range(6, 0, -1):
+        (grad,) = b.op(f"g{i}", [grad, acts[i - 1]], [(f"e{i}", 10 if i > 1 else 1)], time_s=1.0, phase=BACKWARD)
+    p = with_copies(b.build(outputs=[grad], name="free-recompute"), 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bounds = [C.cut_lower_bound(p, budget, swaps) for budget in (40, 50) for swaps in (True, False)]
+    assert all(x.time_s >= x.floor_s for x in bounds)
+    for budget in (40, 50):
+        for name, opts in SOLVERS:
+            r = solve(p, budget, name, raise_on_infeasible=False, **opts)
+            if r.success:
+                assert r.time_s >= C.cut_lower_bound(p, budget, plan_class(r.schedule) == HYBRID).time_s * (1 - 1e-9)

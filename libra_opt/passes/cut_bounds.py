@@ -298,7 +298,9 @@ def _cut_bound(problem: RematProblem, B: int, swaps: bool) -> CutBound:
         by_prod = np.bincount(tb.s_prod[rec], weights=tb.s_bytes[rec].astype(np.float64), minlength=N)
         prods = np.flatnonzero(by_prod > 0)
         cost = tb.rtime[prods]
-        order = np.lexsort((prods, -(by_prod[prods] / np.maximum(cost, 1e-300))))
+        ratio = np.full(len(prods), np.inf)   # bytes per recompute second (free recomputes first)
+        np.divide(by_prod[prods], cost, out=ratio, where=cost > 0)
+        order = np.lexsort((prods, -ratio))
         xs = np.concatenate([[0.0], np.cumsum(by_prod[prods][order])])
         cs = np.concatenate([[0.0], np.cumsum(cost[order])])
         cA = float(tb.time[A].sum())

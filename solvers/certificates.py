@@ -274,6 +274,15 @@ def cut_bounds(problem: "RematProblem", budget_bytes: int) -> tuple[Bound, ...]:
     tuple of Bound
         One or two bounds (s), proven at ``budget_bytes``; their ``source``
         names the cut node (or says "compute floor").
+
+    Raises
+    ------
+    ValueError
+        ``budget_bytes`` is negative.
+
+    Source: :mod:`libra_opt.passes.cut_bounds` (Checkmate's frontier
+    argument, Jain et al., MLSys 2020, sec. 4, with Beaumont et al.'s
+    offload model, NeurIPS 2021, sec. 3).
     """
     from libra_opt.passes.cut_bounds import cut_lower_bound
 

@@ -420,6 +420,41 @@ def test_early_regeneration_on_a_single_phase_graph():
     assert solve(p, 0.85, policy="recompute").added_s <= on.added_s   # exchanges and the portfolio only help
     assert_valid(p, solve(p, 0.8, policy="recompute"))
 
+@pytest.mark.parametrize("n,seed,frac,policy", [(100, 0, 0.8, "recompute"), (120, 2, 0.7, "recompute"),
+                                                (100, 0, 0.5, "hybrid")])
+def test_early_regeneration_bound_holds_and_skipping_changes_no_plan(monkeypatch, n, seed, frac, policy):
+    """``Refiner._early_least_s`` is a lower bound of what an early regeneration adds (checked on
+    every one a descent evaluates), and the early regenerations it skips (a recompute option found
+    already costs no more) change no plan: the same plan as evaluating every one of them."""
+    from libra_opt.solvers.libra.refine import Refiner
+
+    p = random_layered_graph(n, seed=seed)
+    checked = []   # (bound, cost) of every early regeneration evaluated
+    least_s, ending_at = Refiner._early_least_s, Refiner._ending_at
+
+    def spy_ending(tl, j, q, tensors, p_):
+        lb = least_s(tl, j, q, tensors)   # before the window moves: as _try_early asks it
+        e2, newp = ending_at(tl, j, q, tensors, p_)
+        if e2.feasible:
+            checked.append((lb, max(e2.cost_s, 0.0)))
+        return e2, newp
+
+    monkeypatch.setattr(Refiner, "_ending_at", staticmethod(spy_ending))
+    monkeypatch.setattr(Refiner, "_early_least_s", staticmethod(lambda *a: -1.0))   # never skips
+    every = solve(p, frac, policy=policy, raise_on_infeasible=False)
+    n_every = len(checked)
+    monkeypatch.setattr(Refiner, "_early_least_s", staticmethod(least_s))
+    with_skips = solve(p, frac, policy=policy, raise_on_infeasible=False)
+    assert 0 < len(checked) - n_every < n_every   # some skipped, the others evaluated
+    assert all(lb <= cost + 1e-12 for lb, cost in checked)
+    assert any(lb > 0 for lb, _ in checked)
+    assert every.success == with_skips.success
+    if every.success:
+        assert [(i.op, i.arg) for i in every.schedule.instructions] == \
+            [(i.op, i.arg) for i in with_skips.schedule.instructions]
+    else:
+        assert every.min_feasible_bytes == with_skips.min_feasible_bytes
+
 
 # -------------------------------------------------------- explanations, API
 def test_decisions_explain_themselves():

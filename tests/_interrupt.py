@@ -52,8 +52,12 @@ def interrupt(code: str, argv: list[str], tmp_path: Path, started) -> subprocess
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     env = dict(os.environ, TMPDIR=str(tmpdir), PYTHONUNBUFFERED="1")
+    # SIGINT at its default in the child, as in a terminal: a shell that starts the test run in the
+    # background (``cmd &`` in a script) ignores SIGINT, the child inherits that, and Python then installs
+    # no KeyboardInterrupt handler, so the interrupt this sends would be dropped
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         t0 = time.monotonic()
         while not started(proc, str(tmpdir)):

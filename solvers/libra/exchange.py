@@ -15,7 +15,10 @@ is run twice: taking the best ratio at each step, and *finish first*: where
 candidates alone take the peak down to the budget (the budget is a
 knapsack-cover constraint, which the best ratio can overshoot), the cheapest
 few are each taken and followed by the undo pass, and the cheapest result is
-kept; and a third time with every other recomputed window given its own end
+kept (the two take the same steps until the first that meets such candidates:
+the finish-first one resumes from the plain one's state there, with the
+evaluation count those steps would have added, and reaches the same plan);
+and a third time with every other recomputed window given its own end
 back first (a window ended at a chain that regenerated the storage given back
 would lose it), then, after the undo pass, regenerated storages kept from the
 first chain after which they fit (``tidy.keep_regenerated``), compared
@@ -127,19 +130,51 @@ def _undo(ref: Evaluator, tl: Timeline, records: dict, budget: int) -> None:
     fix_shrunk(tl, records, ref.orig_b)
 
 
+class _Fork(NamedTuple):
+    """Where a plain local descent first met candidates that alone take the
+    peak down to the budget: the state before that step's move (a copy),
+    the peak there and the finishers' windows (cheapest first).  A
+    finish-first descent from the same start takes the same steps up to
+    there, and departs from it only there."""
+    timeline: Timeline
+    records: dict
+    p: int
+    peak: int
+    finishers: list
+
+
+class _Trace:
+    """What a plain local descent (:func:`_descend_local` with ``trace``) did
+    that its finish-first twin would do again: the candidate evaluations of
+    each step it took (up to and including the fork's), and the
+    :class:`_Fork` (``None`` where no step met a finisher: the twin then
+    takes every step the plain descent took, and reaches its plan)."""
+
+    __slots__ = ("evals", "fork")
+
+    def __init__(self):
+        self.evals: list[int] = []
+        self.fork: _Fork | None = None
+
+
 def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, budget: int, banned: set,
-                   finish_first: bool = False, max_evals: int | None = None) -> tuple[Timeline, dict] | None:
+                   finish_first: bool = False, max_evals: int | None = None, steps: int = MAX_STEPS,
+                   trace: _Trace | None = None) -> tuple[Timeline, dict] | None:
     """Greedy steps from ``tl`` (changed in place) until its estimated peak is
     within ``budget``: at the peak, the candidate (not in ``banned``) with the
     best bytes removed per added second whose raised points stay under the
     peak (options ordered by ``costs``).  With ``finish_first``, where candidates alone take the peak down
     to the budget (the budget is a knapsack-cover constraint: the best ratio
     can overshoot it), the :data:`MAX_FINISHERS` cheapest of them are each
-    taken on a copy followed by the undo pass, and the cheapest result kept.
+    taken on a copy followed by the undo pass, and the cheapest result kept
+    (:func:`_finish_step`).  ``trace`` (plain descents only): filled with
+    each step's evaluation count and the first step that met finishers
+    (:class:`_Trace`), so that :func:`_finish_first_from` resumes the
+    finish-first descent from there instead of taking the same steps again.
     The final timeline and records, or ``None`` if no move is left,
-    :data:`MAX_STEPS` are spent, or the refiner's evaluation count reaches
+    ``steps`` (:data:`MAX_STEPS`) are spent, or the refiner's evaluation count reaches
     ``max_evals``."""
-    for _ in range(MAX_STEPS):
+    for _ in range(steps):
         if max_evals is not None and ref.evals >= max_evals:
             return None
         m = tl.memory()
@@ -148,27 +183,73 @@ def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: di
         if peak <= budget:
             return tl, records
         best, fins = None, []
+        e0 = ref.evals
         for j in _ranked(ref, costs, tl, p, banned):
             mv = ref.evaluate(tl, j, p, peak, peak, costs)
             if mv is None:
                 continue
             if best is None or mv.score > best.score:
                 best = mv
-            if finish_first and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
+            if (finish_first or trace is not None) and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
                 fins.append(_Closer(mv.removed / mv.score, j, mv))
-        if fins:
-            tries = []
-            for _, j, mv in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]:
-                t2, r2 = tl.copy(), dict(records)
-                ref.commit(mv, p, peak, t2, r2, REASON_EXCHANGE)
-                _undo(ref, t2, r2, budget)
-                tries.append(_Result(t2, r2, j))
-            tl, records, _ = min(tries, key=lambda t: (t.timeline.added_s(), t.window))
+        if trace is not None and trace.fork is None:
+            trace.evals.append(ref.evals - e0)
+            if fins:
+                trace.fork = _Fork(tl.copy(), dict(records), p, peak,
+                                   [c.window for c in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]])
+        if finish_first and fins:
+            tl, records = _finish_step(ref, tl, records, budget, p, peak, fins)
             continue
         if best is None:
             return None
         ref.commit(best, p, peak, tl, records, REASON_EXCHANGE)
     return (tl, records) if int(tl.memory().max()) <= budget else None
+
+
+def _finish_step(ref: Evaluator, tl: Timeline, records: dict, budget: int, p: int, peak: int,
+                 fins: list[_Closer]) -> tuple[Timeline, dict]:
+    """A finish-first step (:func:`_descend_local`): each of the
+    :data:`MAX_FINISHERS` cheapest finishers ``fins`` taken on a copy of
+    ``tl`` (at peak position ``p``, ``peak`` bytes), followed by the undo
+    pass; the cheapest result (ties: the lower window id)."""
+    tries = []
+    for _, j, mv in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]:
+        t2, r2 = tl.copy(), dict(records)
+        ref.commit(mv, p, peak, t2, r2, REASON_EXCHANGE)
+        _undo(ref, t2, r2, budget)
+        tries.append(_Result(t2, r2, j))
+    best = min(tries, key=lambda t: (t.timeline.added_s(), t.window))
+    return best.timeline, best.records
+
+
+def _finish_first_from(ref: Evaluator, costs: OptionCosts, trace: _Trace, budget: int, banned: set,
+                       max_evals: int) -> tuple[Timeline, dict] | None:
+    """The finish-first local descent (:func:`_descend_local` with
+    ``finish_first``) from the start of the plain one that filled ``trace``,
+    without taking its shared steps again: the evaluation count moves as
+    those steps would have moved it (stopping where it reaches
+    ``max_evals``, as the descent would), the fork's finishers are evaluated
+    again on the fork's copy (not counted: that step's evaluations are
+    counted already) and the descent goes on from the step they take.
+    ``None`` where there was no fork (the twin takes the plain descent's
+    steps and reaches its plan: nothing new) or the count reaches
+    ``max_evals`` first."""
+    for n in trace.evals:
+        if ref.evals >= max_evals:
+            return None
+        ref.evals += n
+    fork = trace.fork
+    if fork is None:
+        return None
+    counted = ref.evals
+    fins = []
+    for j in fork.finishers:
+        mv = ref.evaluate(fork.timeline, j, fork.p, fork.peak, fork.peak, costs)
+        fins.append(_Closer(mv.removed / mv.score, j, mv))
+    ref.evals = counted
+    tl, records = _finish_step(ref, fork.timeline, fork.records, budget, fork.p, fork.peak, fins)
+    return _descend_local(ref, costs, tl, records, budget, banned, True, max_evals,
+                          steps=MAX_STEPS - len(trace.evals))
 
 
 def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> None:
@@ -357,16 +438,21 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
         for j in sorted(records, key=lambda k: (-records[k].added_s, k))[:MAX_TRIES]:
             if records[j].added_s <= 0:
                 break
+            trace = _Trace()
             for finish_first, reset in ((False, False), (True, False), (False, True)):
-                t2, r2 = tl.copy(), dict(records)
-                eff = t2.evaluate(j, KEEP)
-                if not eff.feasible:
-                    break
-                t2.apply(j, KEEP, eff)
-                del r2[j]
-                if reset:
-                    _reset_ends(ref, t2, r2)
-                done = _descend_local(ref, costs, t2, r2, budget, banned | {j}, finish_first, stop)
+                if finish_first:   # the plain descent's twin, resumed where it departs from it
+                    done = _finish_first_from(ref, costs, trace, budget, banned | {j}, stop)
+                else:
+                    t2, r2 = tl.copy(), dict(records)
+                    eff = t2.evaluate(j, KEEP)
+                    if not eff.feasible:
+                        break
+                    t2.apply(j, KEEP, eff)
+                    del r2[j]
+                    if reset:
+                        _reset_ends(ref, t2, r2)
+                    done = _descend_local(ref, costs, t2, r2, budget, banned | {j}, False, stop,
+                                          trace=None if reset else trace)
                 if done is None:
                     continue
                 t2, r2 = done

@@ -135,7 +135,15 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
     own use, keep it from there instead of recomputing it again later
     (Chen et al.'s segment-wise regeneration), when the budget allows and
     it saves time: the window ends at that chain, the earliest such chain
-    after which the storage fits under the budget.  Returns how many."""
+    after which the storage fits under the budget.  A plan within the budget
+    stays within it once the swap layer is refreshed (:func:`_guarded`).
+    Returns how many."""
+    return _guarded(tl, records, budget, lambda careful: _keep_regenerated(tl, records, budget, careful))
+
+
+def _keep_regenerated(tl: Timeline, records: dict, budget: int, careful: bool) -> int:
+    """:func:`keep_regenerated`'s pass (``careful``: :func:`_guarded`'s
+    second run, the swap layer refreshed after each move and checked)."""
     done = 0
     # within the budget everywhere (then kept so: a move is taken only where the plan stays within it), a
     # move's check reads only the positions it changes: the window's new part [q, b) and the chains replayed
@@ -149,6 +157,12 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
                 continue
             made = [t for t in tl.state.chains[q].made if tl.tables.t_storage[t] == s]
             cost = tl.added_s()
+            if careful:
+                if _careful_try(tl, budget, cost, lambda: tl.move_end(j, q, made)):
+                    records[j] = records[j].ending_before(q)
+                    done += 1
+                    break
+                continue
             old = tl.window_state(j)
             with tl.recording() as journal:
                 tl.move_end(j, q, made)
@@ -158,9 +172,50 @@ def keep_regenerated(tl: Timeline, records: dict, budget: int) -> int:
                 break
             tl.move_end(j, state=old, replay=False)   # no gain or over budget: back to the window it had
             tl.restore_chains(journal)
-    if done and tl.state.swap.ids.size:
-        tl.refresh_swaps()
     return done
+
+
+def _guarded(tl: Timeline, records: dict | None, budget: int, run) -> int:
+    """Run a pass that changes decisions one at a time and checks each on
+    the estimated memory, then refresh the swap layer once
+    (:meth:`~libra_opt.solvers.libra.estimate.Timeline.refresh_swaps`: a
+    change of chain times moves prefetches and releases).  ``run(careful)``
+    runs the pass, returning how many changes it kept.  Where the refresh
+    takes a plan that was within ``budget`` (bytes) over it, the timeline
+    and ``records`` go back to what they were and the pass runs again
+    with ``careful=True``: each change is then checked with the swap layer
+    refreshed (:func:`_careful_try`), slower and within the budget.
+    ``h100_resnet50_b128`` hybrid at 0.3 of its peak: the retained inputs of
+    an exchange's plan took its estimated peak 8 % over the budget once the
+    layer was refreshed, and lowering that plan took 26 repair moves.
+    Returns how many changes were kept."""
+    swapped = bool(tl.state.swap.ids.size)
+    within = swapped and int(tl.memory().max()) <= budget
+    before = (tl.copy(), None if records is None else dict(records)) if within else None
+    done = run(False)
+    if done and swapped:
+        tl.refresh_swaps()
+        if within and int(tl.memory().max()) > budget:
+            tl.state = before[0].state
+            if records is not None:
+                records.clear()
+                records.update(before[1])
+            done = run(True)
+    return done
+
+
+def _careful_try(tl: Timeline, budget: int, cost: float, change) -> bool:
+    """Make ``change()`` (a change of ``tl`` that replays its chains), refresh
+    the swap layer and keep it where the estimated memory is within
+    ``budget`` (bytes) and the added time is under ``cost`` (s); otherwise
+    put the timeline back as it was.  Whether it was kept."""
+    keep = tl.copy()
+    change()
+    tl.refresh_swaps()
+    if int(tl.memory().max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
+        return True
+    tl.state = keep.state
+    return False
 
 
 def _moved_within(tl: Timeline, budget: int, q: int, b: int, journal: dict, within: bool) -> bool:
@@ -184,8 +239,15 @@ def retain_inputs(tl: Timeline, budget: int) -> int:
     instead, when the budget allows and it saves time: Checkmate's S
     matrix holding a value across stages, which cuts the chain short.
     Most saving first (the producer's time); each is checked on the
-    timeline and taken back if it goes over budget or saves nothing.
-    Returns how many were kept."""
+    timeline and taken back if it goes over budget or saves nothing; a plan
+    within the budget stays within it once the swap layer is refreshed
+    (:func:`_guarded`).  Returns how many were kept."""
+    return _guarded(tl, None, budget, lambda careful: _retain_inputs(tl, budget, careful))
+
+
+def _retain_inputs(tl: Timeline, budget: int, careful: bool) -> int:
+    """:func:`retain_inputs`'s pass (``careful``: :func:`_guarded`'s second
+    run, the swap layer refreshed after each retention and checked)."""
     cands = []
     for q, ch in tl.state.chains.items():
         if ch is None:
@@ -208,6 +270,10 @@ def retain_inputs(tl: Timeline, budget: int) -> int:
         if end + 1 < q and int(mem[end + 1:q].max()) + held > budget:
             continue
         cost, old = tl.added_s(), tl.state.t_until.get(t)
+        if careful:
+            done += _careful_try(tl, budget, cost, lambda: tl.retain(t, q))
+            mem = tl.memory()
+            continue
         with tl.recording() as journal:
             tl.retain(t, q)
         mem = tl.memory()
@@ -217,8 +283,6 @@ def retain_inputs(tl: Timeline, budget: int) -> int:
         tl.retain(t, old, replay=False)   # over budget or no gain: as it was
         tl.restore_chains(journal)
         mem = tl.memory()
-    if done and tl.state.swap.ids.size:
-        tl.refresh_swaps()
     return done
 
 
@@ -263,9 +327,12 @@ def early_shift(problem: RematProblem, orig_b: np.ndarray, tl: Timeline, records
                 r2[j] = r2[j].ending_before(q)
                 best = (t2, r2)
         if best is not None:
-            tl, records = best
-            if tl.state.swap.ids.size:
-                tl.refresh_swaps()
+            t2, r2 = best
+            if t2.state.swap.ids.size:
+                t2.refresh_swaps()
+                if int(t2.memory().max()) > budget >= int(tl.memory().max()):
+                    continue   # over the budget once the swap layer is refreshed: this window not shifted
+            tl, records = t2, r2
     return tl, records
 
 

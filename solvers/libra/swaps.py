@@ -11,7 +11,10 @@ the memory timeline, as a whole, vectorized over the swaps.
   something stalls, a stall delaying what follows, the same iterated to their
   fixed point, or a sequential replay where that takes long);
 - a swapped storage leaves the timeline from the first node that starts after
-  its copy out ends until its swap-in is issued;
+  its copy out ends until its swap-in is issued; where swap-ins stall, the
+  nodes after a stall start later and so do the copies out they issue: the
+  releases read each copy's end with the stalls before its producer
+  (:func:`_delayed_copy_ends`), as the simulator's queue runs it;
 - a swap may wait for its copy out (``Timeline.wait``, the lowering's
   ``Eviction.out_wait``): the compute stream stalls before that position until
   the copy has ended, so the storage is gone from there; the device-to-host
@@ -349,6 +352,26 @@ def out_waits(N: int, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, n
     return ends, stall, stall_pos
 
 
+def _delayed_copy_ends(Tend: np.ndarray, delay: np.ndarray, o: np.ndarray, d_o: np.ndarray, prod_o: np.ndarray,
+                       inv: np.ndarray | None, overlap: bool) -> np.ndarray:
+    """The ends of the copies out (s) of :func:`swap_layer`'s swaps, one per
+    swap, where the stalls before their producers delay them: each is
+    issued when its producer has run (``Tend``, shape ``(N,)``, plus
+    ``delay``, shape ``(N,)``, the stalls' running sum, s) and queued behind
+    the earlier ones in issue order (``o``: that order over the storages,
+    ``d_o`` their copy times and ``prod_o`` their producers in it; ``inv``:
+    each swap's storage, ``None`` where each swap has its own)."""
+    issue = Tend[prod_o] + delay[prod_o]
+    if overlap:
+        S = d_o.cumsum()
+        ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
+    else:
+        ends_sorted = issue + d_o
+    ends_u = np.empty_like(ends_sorted)
+    ends_u[o] = ends_sorted
+    return ends_u if inv is None else ends_u[inv]
+
+
 def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple | None = None,
                wait: tuple | None = None) -> SwapLayer:
     """The swap layer of the swap windows ``ids`` (int64, any order) on the
@@ -377,7 +400,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     else:
         uniq, first, inv = np.unique(s, return_index=True, return_inverse=True)
         prod_f, d_out_f = prod[first], d_out[first]
-    o = np.lexsort((uniq, prod_f))
+    o = o_out = np.lexsort((uniq, prod_f))
     d_o, prod_o = d_out_f[o], prod_f[o]
     wt_ = st.wait[ids]
     if wait is not None:
@@ -455,14 +478,19 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         unfelt = np.full(len(ids), -np.inf)   # a copy blocks compute: no wait is ever read
     # releases: a swapped storage leaves when its copy out has ended
     stalled = overlap and bool(stall.any())
+    rel_end = d2h_end   # when each copy out ends, as the releases read it
     if stalled:
         stall_at = np.zeros(N)
         np.add.at(stall_at, wpos, stall)
         delay = stall_at.cumsum()
-        r0 = np.maximum(a + 1, (T + delay).searchsorted(d2h_end, side="left"))
+        # a stall delays the nodes after it, and the copies out they issue: the releases read the copies' ends
+        # with their producers delayed (the simulator issues a copy out when its producer has run; ``Tend``
+        # has the waits for copies out already)
+        rel_end = _delayed_copy_ends(Tend, delay, o_out, d_o, prod_o, inv, overlap)
+        r0 = np.maximum(a + 1, (T + delay).searchsorted(rel_end, side="left"))
         # a swap-in issued before its copy out has ended holds a second buffer until then
-        late = d2h_end > issue_in + delay[pos]
-        r0_late = np.maximum(pos + 2, T.searchsorted(d2h_end, side="left"))
+        late = rel_end > issue_in + delay[pos]
+        r0_late = np.maximum(pos + 2, (T + delay).searchsorted(rel_end, side="left"))
     elif overlap:   # no stall: no delay
         after = T.searchsorted(d2h_end, side="left")   # the first node that starts after the copy out ends
         r0 = np.maximum(a + 1, after)
@@ -487,7 +515,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     if overlap:   # released during the chain that runs before r0: held while the chain runs
         r0c = np.minimum(r0, N - 1)
         chain_start = (T[r0c] + delay[r0c] if stalled else T[r0c]) - regen_time[r0c]
-        h = ok & (regen_time[r0c] > 0) & (d2h_end > chain_start)
+        h = ok & (regen_time[r0c] > 0) & (rel_end > chain_start)
         if h.any():
             held = np.zeros(N, dtype=np.int64)
             np.add.at(held, r0c[h], nbytes[h])

@@ -352,6 +352,17 @@ def out_waits(N: int, T: np.ndarray, Tend: np.ndarray, regen_time: np.ndarray, n
     return ends, stall, stall_pos
 
 
+def _sorted_copy_ends(issue: np.ndarray, d_o: np.ndarray, overlap: bool) -> np.ndarray:
+    """The ends of copies on one queue (s), in issue order: issued at
+    ``issue`` (s, ascending order of issue), each ``d_o`` long (s), one
+    after another where copies overlap compute (running maxima), else each
+    right after its issue (the compute stream waits for it)."""
+    if not overlap:
+        return issue + d_o
+    S = d_o.cumsum()
+    return S + np.maximum.accumulate(issue - (S - d_o))
+
+
 def _delayed_copy_ends(Tend: np.ndarray, delay: np.ndarray, o: np.ndarray, d_o: np.ndarray, prod_o: np.ndarray,
                        inv: np.ndarray | None, overlap: bool) -> np.ndarray:
     """The ends of the copies out (s) of :func:`swap_layer`'s swaps, one per
@@ -361,14 +372,8 @@ def _delayed_copy_ends(Tend: np.ndarray, delay: np.ndarray, o: np.ndarray, d_o: 
     the earlier ones in issue order (``o``: that order over the storages,
     ``d_o`` their copy times and ``prod_o`` their producers in it; ``inv``:
     each swap's storage, ``None`` where each swap has its own)."""
-    issue = Tend[prod_o] + delay[prod_o]
-    if overlap:
-        S = d_o.cumsum()
-        ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
-    else:
-        ends_sorted = issue + d_o
-    ends_u = np.empty_like(ends_sorted)
-    ends_u[o] = ends_sorted
+    ends_u = np.empty(len(o))
+    ends_u[o] = _sorted_copy_ends(Tend[prod_o] + delay[prod_o], d_o, overlap)
     return ends_u if inv is None else ends_u[inv]
 
 
@@ -423,12 +428,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         T = T + stall_pos.cumsum()
         Tend = T + pt.node_time
     else:
-        issue = Tend[prod_o]
-        if overlap:
-            S = d_o.cumsum()
-            ends_sorted = S + np.maximum.accumulate(issue - (S - d_o))
-        else:
-            ends_sorted = issue + d_o
+        ends_sorted = _sorted_copy_ends(Tend[prod_o], d_o, overlap)
     ends_u = np.empty_like(ends_sorted)
     ends_u[o] = ends_sorted
     d2h_end = ends_u if inv is None else ends_u[inv]

@@ -458,12 +458,14 @@ def test_early_regeneration_bound_holds_and_skipping_changes_no_plan(monkeypatch
 
 @pytest.mark.parametrize("kind,n,frac,policy", [("large_beside_small", 100, 0.5, "recompute"),
                                                 ("random_layered", 100, 0.8, "recompute"),
-                                                ("gpt2-tiny-b2-s32-cpu", 0, 0.8, "hybrid")])
-def test_finish_first_exchange_resumed_from_the_fork_is_the_descent_run_again(monkeypatch, kind, n, frac, policy):
-    """The finish-first local descent of an exchange, resumed where the plain one first met a
-    finisher (``exchange._finish_first_from``), reaches the plan and the evaluation count of that
-    descent run again from the start (the exchange code before the fork was shared), so the solve's
-    plan is the same."""
+                                                ("gpt2-tiny-b2-s32-cpu", 0, 0.8, "hybrid"),
+                                                ("gpt2-tiny-b2-s32-cpu", 0, 0.7, "swap")])
+def test_exchange_twins_taken_from_the_plain_descent_are_the_descents_run_again(monkeypatch, kind, n, frac,
+                                                                                   policy):
+    """An exchange's finish-first local descent, resumed where the plain one first met a finisher
+    (``exchange._finish_first_from``), and its descent with every window end given back where none
+    had moved (``exchange._replayed``: the plain descent's plan), reach the plans and the evaluation
+    counts of those descents run again from their start, so the solve's plan is the same."""
     from pathlib import Path
 
     from libra_opt.frontend.generators import large_beside_small_graph
@@ -476,19 +478,21 @@ def test_finish_first_exchange_resumed_from_the_fork_is_the_descent_run_again(mo
         p = large_beside_small_graph(n, seed=0)
     else:   # a profiled problem of problems/
         p = load_problem(Path(__file__).resolve().parents[1] / "problems" / f"{kind}.json.gz")
-    descend, resumed = X._descend_local, X._finish_first_from
-    starts, seen = {}, {"forks": 0, "evals": []}
+    descend, resumed, replayed = X._descend_local, X._finish_first_from, X._replayed
+    starts, seen = {}, {"forks": 0, "replays": 0, "evals": []}
 
     def spy_descend(ref, costs, tl, records, budget, banned, finish_first=False, max_evals=None, **kw):
-        if kw.get("trace") is not None:   # a plain descent whose twin is resumed: its start, kept
-            starts[id(kw["trace"])] = (tl.copy(), dict(records))
+        if kw.get("trace") is not None:   # a plain descent whose twins are taken from it: its start, kept
+            starts[id(kw["trace"])] = (tl.copy(), dict(records), costs, budget, banned)
         return descend(ref, costs, tl, records, budget, banned, finish_first, max_evals, **kw)
 
-    def again(ref, costs, trace, budget, banned, max_evals):   # the twin run from the start
-        tl, records = starts[id(trace)]
-        out = descend(ref, costs, tl.copy(), dict(records), budget, banned, True, max_evals)
-        seen["evals"].append(ref.evals)
-        return out
+    def again(finish_first):   # a twin run from the start
+        def run(ref, trace, max_evals):
+            tl, records, costs, budget, banned = starts[id(trace)]
+            out = descend(ref, costs, tl.copy(), dict(records), budget, banned, finish_first, max_evals)
+            seen["evals"].append(ref.evals)
+            return out
+        return run
 
     def spy_resumed(ref, costs, trace, budget, banned, max_evals):
         seen["forks"] += trace.fork is not None
@@ -496,13 +500,22 @@ def test_finish_first_exchange_resumed_from_the_fork_is_the_descent_run_again(mo
         seen["evals"].append(ref.evals)
         return out
 
+    def spy_replayed(ref, trace, max_evals):
+        seen["replays"] += 1
+        out = replayed(ref, trace, max_evals)
+        seen["evals"].append(ref.evals)
+        return out
+
     monkeypatch.setattr(X, "_descend_local", spy_descend)
-    monkeypatch.setattr(X, "_finish_first_from", again)
+    monkeypatch.setattr(X, "_finish_first_from", lambda ref, costs, trace, budget, banned, max_evals:
+                        again(True)(ref, trace, max_evals))
+    monkeypatch.setattr(X, "_replayed", again(False))
     slow = solve(p, frac, policy=policy)
     slow_evals, seen["evals"] = seen["evals"], []
     monkeypatch.setattr(X, "_finish_first_from", spy_resumed)
+    monkeypatch.setattr(X, "_replayed", spy_replayed)
     fast = solve(p, frac, policy=policy)
-    assert seen["forks"] > 0 and slow_evals   # the fork was taken
+    assert slow_evals and seen["forks"] + seen["replays"] > 0   # twins were taken from the plain descent
     assert seen["evals"] == slow_evals        # the same evaluation count after each twin
     assert [(i.op, i.arg) for i in fast.schedule.instructions] == [(i.op, i.arg) for i in slow.schedule.instructions]
     assert fast.added_s == slow.added_s and fast.peak_bytes <= fast.budget_bytes

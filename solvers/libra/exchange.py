@@ -20,7 +20,9 @@ the finish-first one resumes from the plain one's state there, with the
 evaluation count those steps would have added, and reaches the same plan);
 and a third time with every other recomputed window given its own end
 back first (a window ended at a chain that regenerated the storage given back
-would lose it), then, after the undo pass, regenerated storages kept from the
+would lose it; where no end had moved, this descent starts where the plain one
+did and takes its steps: its plan is taken from it, with the evaluation count
+its steps would add), then, after the undo pass, regenerated storages kept from the
 first chain after which they fit (``tidy.keep_regenerated``), compared
 with the plan as that pass would leave it: where the descent evicted the root
 of a chain, keeping the root through the peak lets the chain start there.
@@ -145,16 +147,25 @@ class _Fork(NamedTuple):
 
 class _Trace:
     """What a plain local descent (:func:`_descend_local` with ``trace``) did
-    that its finish-first twin would do again: the candidate evaluations of
-    each step it took (up to and including the fork's), and the
-    :class:`_Fork` (``None`` where no step met a finisher: the twin then
-    takes every step the plain descent took, and reaches its plan)."""
+    that its twins would do again: the candidate evaluations of each step
+    it took (``evals``), the :class:`_Fork` and the number of steps up to and
+    including it (``fork_at``; ``fork`` is ``None`` where no step met a
+    finisher: the finish-first twin then takes every step the plain descent
+    took, and reaches its plan), how the descent ended (``end``:
+    ``"start"``, at the start of a step: within the budget, or the
+    evaluation count reached; ``"none"``: no move left; ``"steps"``: its
+    steps spent) and its plan before the undo pass (``result``, a copy, set
+    by :func:`exchange`: the twin whose window ends stay as they were
+    starts where the plain one did and reaches it, :func:`_replayed`)."""
 
-    __slots__ = ("evals", "fork")
+    __slots__ = ("evals", "fork", "fork_at", "end", "result")
 
     def __init__(self):
         self.evals: list[int] = []
         self.fork: _Fork | None = None
+        self.fork_at = 0
+        self.end = "steps"
+        self.result: tuple[Timeline, dict] | None = None
 
 
 def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, budget: int, banned: set,
@@ -176,11 +187,15 @@ def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: di
     ``max_evals``."""
     for _ in range(steps):
         if max_evals is not None and ref.evals >= max_evals:
+            if trace is not None:
+                trace.end = "start"
             return None
         m = tl.memory()
         p = int(np.argmax(m))
         peak = int(m[p])
         if peak <= budget:
+            if trace is not None:
+                trace.end = "start"
             return tl, records
         best, fins = None, []
         e0 = ref.evals
@@ -192,15 +207,18 @@ def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: di
                 best = mv
             if (finish_first or trace is not None) and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
                 fins.append(_Closer(mv.removed / mv.score, j, mv))
-        if trace is not None and trace.fork is None:
+        if trace is not None:
             trace.evals.append(ref.evals - e0)
-            if fins:
+            if fins and trace.fork is None:
+                trace.fork_at = len(trace.evals)
                 trace.fork = _Fork(tl.copy(), dict(records), p, peak,
                                    [c.window for c in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]])
         if finish_first and fins:
             tl, records = _finish_step(ref, tl, records, budget, p, peak, fins)
             continue
         if best is None:
+            if trace is not None:
+                trace.end = "none"
             return None
         ref.commit(best, p, peak, tl, records, REASON_EXCHANGE)
     return (tl, records) if int(tl.memory().max()) <= budget else None
@@ -234,12 +252,8 @@ def _finish_first_from(ref: Evaluator, costs: OptionCosts, trace: _Trace, budget
     ``None`` where there was no fork (the twin takes the plain descent's
     steps and reaches its plan: nothing new) or the count reaches
     ``max_evals`` first."""
-    for n in trace.evals:
-        if ref.evals >= max_evals:
-            return None
-        ref.evals += n
     fork = trace.fork
-    if fork is None:
+    if not _counted(ref, trace.evals[:trace.fork_at] if fork is not None else trace.evals, max_evals) or fork is None:
         return None
     counted = ref.evals
     fins = []
@@ -249,12 +263,40 @@ def _finish_first_from(ref: Evaluator, costs: OptionCosts, trace: _Trace, budget
     ref.evals = counted
     tl, records = _finish_step(ref, fork.timeline, fork.records, budget, fork.p, fork.peak, fins)
     return _descend_local(ref, costs, tl, records, budget, banned, True, max_evals,
-                          steps=MAX_STEPS - len(trace.evals))
+                          steps=MAX_STEPS - trace.fork_at)
 
 
-def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> None:
+def _counted(ref: Evaluator, evals: list[int], max_evals: int) -> bool:
+    """Move the evaluation count as steps of ``evals`` evaluations each
+    would, each step starting only while the count is under ``max_evals``
+    (as :func:`_descend_local` checks it); whether every step started."""
+    for n in evals:
+        if ref.evals >= max_evals:
+            return False
+        ref.evals += n
+    return True
+
+
+def _replayed(ref: Evaluator, trace: _Trace, max_evals: int) -> tuple[Timeline, dict] | None:
+    """The plain local descent that filled ``trace``, run again from the same
+    start (:func:`exchange`'s twin whose window ends were all its own
+    already): its plan (a copy of ``trace.result``), the evaluation count
+    moved as its steps would move it, or ``None`` where the count reaches
+    ``max_evals`` at the start of one of them, as it would."""
+    if not _counted(ref, trace.evals, max_evals):
+        return None
+    if trace.end == "start" and ref.evals >= max_evals:
+        return None
+    if trace.result is None:
+        return None
+    tl, records = trace.result
+    return tl.copy(), dict(records)
+
+
+def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> bool:
     """Every recomputed window in ``records`` whose end was moved to a chain
-    gets its own end back (a use of its storage)."""
+    gets its own end back (a use of its storage).  Whether any did."""
+    moved = False
     for j in list(records):
         if tl.state.pol[j] != REC:
             continue
@@ -262,6 +304,8 @@ def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> None:
         if int(tl.state.w_b[j]) != b:
             tl.move_end(j, b, tl.tensors_read_at(s, b))
             records[j] = records[j].ending_before(b)
+            moved = True
+    return moved
 
 
 def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[int] | None:
@@ -449,10 +493,14 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
                         break
                     t2.apply(j, KEEP, eff)
                     del r2[j]
-                    if reset:
-                        _reset_ends(ref, t2, r2)
-                    done = _descend_local(ref, costs, t2, r2, budget, banned | {j}, False, stop,
-                                          trace=None if reset else trace)
+                    if reset and not _reset_ends(ref, t2, r2):
+                        # no end moved: it starts where the plain descent did, and takes its steps
+                        done = _replayed(ref, trace, stop)
+                    else:
+                        done = _descend_local(ref, costs, t2, r2, budget, banned | {j}, False, stop,
+                                              trace=None if reset else trace)
+                        if not reset and done is not None:
+                            trace.result = (done[0].copy(), dict(done[1]))
                 if done is None:
                     continue
                 t2, r2 = done

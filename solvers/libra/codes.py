@@ -6,7 +6,7 @@ that imports none of them).
   <libra_opt.passes.lowering.Policy.code>` of the one policy enum, as ints for
   the ``int8`` policy array and the list mirror the chain replay reads.
 - ``NEG``: "no value" for memory points (bytes), below any real value, so a
-  ``max`` over positions ignores it (``TimelineState.regen_off`` where no chain runs).
+  ``max`` over positions ignores it (an effect's ``raised_max`` where no point goes up).
 - Tensor states before a regeneration point's chain (``LIVE``, ``MISSING``,
   ``ARRIVING``): resident; off the device (to regenerate); swapped and its
   swap-in already issued (the chain waits for it, it is allocated already).

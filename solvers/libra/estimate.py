@@ -356,7 +356,8 @@ class Timeline:
         newws = pt.newws
         for q, ch in chains.items():
             cq = int(C[q]) + dCq[q]
-            new_m = cq if ch is None else max(cq, cq - int(newws[q]) - ch.kept_bytes + ch.peak_bytes + int(H[q]))
+            new_m = max(cq, cq - int(newws[q]) + int(H[q])) if ch is None else max(
+                cq, cq - int(newws[q]) - ch.kept_bytes + ch.peak_bytes + int(H[q]))
             old_m = max(int(C[q]), int(C[q] + regen_off[q] + H_old[q]))
             if new_m > old_m and new_m > raised_max:
                 raised_max, raised_at = new_m, q
@@ -374,7 +375,7 @@ class Timeline:
             c += -int(wt.w_bytes[j]) if policy == REC else int(wt.w_bytes[j])
         if i in eff.chains:
             ch = eff.chains[i]
-            off = NEG if ch is None else ch.peak_bytes - ch.kept_bytes - int(self.tables.newws[i])
+            off = -int(self.tables.newws[i]) if ch is None else ch.peak_bytes - ch.kept_bytes - int(self.tables.newws[i])
         else:
             off = int(st.regen_off[i])
         held = eff.swap.held if eff.swap is not None else st.swap.held
@@ -459,8 +460,8 @@ class Timeline:
                 touch.get(s, set()).discard(q)
             for s, _ in old.waits:
                 waits.get(s, {}).pop(q, None)
-        if ch is None:
-            st.regen_off[q] = NEG
+        if ch is None:   # the gap before the node: its memory before it allocates (held bytes read there)
+            st.regen_off[q] = -int(self.tables.newws[q])
             if st.regen_time[q] != 0.0:
                 st.regen_time[q] = 0.0
                 st.T_cache = None

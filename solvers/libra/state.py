@@ -27,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .chains import ChainMemo
-from .codes import KEEP, NEG
+from .codes import KEEP
 from .swaps import empty_swap_layer
 from .tables import ProblemTables, WindowTables
 
@@ -171,8 +171,9 @@ FIELDS: tuple[Field, ...] = (
     # chains (estimate, chains)
     Field("chains", lambda pt, wt: {}, dict_copy,
           "position -> Chain run before that node (absent: none)"),
-    Field("regen_off", lambda pt, wt: np.full(pt.N, NEG, dtype=np.int64), array_copy,
-          "int64 (N,): each chain's peak above C, held bytes included (bytes; NEG: no chain)"),
+    Field("regen_off", lambda pt, wt: -pt.newws.astype(np.int64), array_copy,
+          "int64 (N,): each chain's peak above C, held bytes included (bytes; where no chain runs, the "
+          "memory before the node allocates its outputs and workspace: -newws)"),
     Field("regen_time", lambda pt, wt: np.zeros(pt.N), array_copy,
           "float (N,): each chain's time (s)"),
     Field("T_cache", lambda pt, wt: None, shared,

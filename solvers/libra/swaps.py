@@ -14,7 +14,10 @@ the memory timeline, as a whole, vectorized over the swaps.
   its copy out ends until its swap-in is issued; where swap-ins stall, the
   nodes after a stall start later and so do the copies out they issue: the
   releases read each copy's end with the stalls before its producer
-  (:func:`_delayed_copy_ends`), as the simulator's queue runs it;
+  (:func:`_delayed_copy_ends`), as the simulator's queue runs it; a storage
+  whose copy out is still in flight when the gap before its release node
+  starts (that node's chain, or its wait for a swap-in allocated at issue)
+  is held there (``SwapLayer.held``);
 - a swap may wait for its copy out (``Timeline.wait``, the lowering's
   ``Eviction.out_wait``): the compute stream stalls before that position until
   the copy has ended, so the storage is gone from there; the device-to-host
@@ -59,8 +62,9 @@ class SwapLayer:
     """Positions and costs of every swap decision, as arrays over the swap
     windows ``ids`` (ascending window ids).  ``removal`` (shape ``(N,)``,
     bytes) is what the swaps take off the timeline; ``held`` (shape ``(N,)``,
-    bytes) what is still held during the recomputation chain before a
-    position although released by the time the node starts; ``stall_s`` per
+    bytes) what is still held in the gap before a position (its
+    recomputation chain, its waits for swap-ins) although released by the
+    time the node starts; ``stall_s`` per
     swap (waits for its swap-in, and for its copy out where it waits for
     it).  ``pessimistic``: some swap-in is issued before its copy out ends (a
     slow link), where the model over-counts memory and stalls.  ``wait``
@@ -512,10 +516,15 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         lo, hi, d = np.where(ok, r0, 0), np.where(ok, pos + 1, 0), np.where(ok, nbytes, 0)
     removal, changed = _removal(N, st.swap, ids, lo, hi, d)
     held = None
-    if overlap:   # released during the chain that runs before r0: held while the chain runs
+    if overlap:   # released in the gap before node r0 (its chain, its waits for swap-ins): held there
         r0c = np.minimum(r0, N - 1)
-        chain_start = (T[r0c] + delay[r0c] if stalled else T[r0c]) - regen_time[r0c]
-        h = ok & (regen_time[r0c] > 0) & (rel_end > chain_start)
+        if stalled:   # the gap starts when node r0 - 1 has run: before the chain and the stalls at r0
+            gap = regen_time[r0c] + stall_at[r0c]
+            gap_start = T[r0c] + delay[r0c] - gap
+        else:
+            gap = regen_time[r0c]
+            gap_start = T[r0c] - gap
+        h = ok & (gap > 0) & (rel_end > gap_start)
         if h.any():
             held = np.zeros(N, dtype=np.int64)
             np.add.at(held, r0c[h], nbytes[h])

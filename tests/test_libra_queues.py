@@ -85,7 +85,6 @@ def test_a_copy_out_delayed_by_earlier_stalls_is_released_where_the_simulator_re
     layered graph of 200 nodes, seed 3, swap-only at 0.5 of its peak: estimated peak 28,790 bytes,
     simulated 29,250)."""
     from libra_opt.frontend.generators import random_layered_graph
-    from libra_opt.solvers import solve
 
     p = random_layered_graph(n, seed=seed)
     r = solve(p, 0.5, "libra", policy=policy)
@@ -102,8 +101,8 @@ def test_a_copy_out_in_flight_while_a_swap_in_stalls_the_gap_before_a_node_is_he
     ends, and the estimate counts it in that gap too (``SwapLayer.held`` at gaps without a chain:
     the memory before the node allocates its outputs, ``TimelineState.regen_off = -newws``).  Every
     plan the finish lowers whose estimate is within the budget simulates at its estimated peak
-    (before, on these graphs at 0.3 of their peak, 2 of 9 plans did not, e.g. estimated 35,330
-    bytes and simulated 38,880 on the 200-node graph of seed 2)."""
+    (before, 2 of the 9 such plans of the 160-node graph of seed 0, swap-only at 0.3 of its peak,
+    simulated over their estimated peak)."""
     from libra_opt.frontend.generators import random_layered_graph
     from libra_opt.passes.lowering import lower
     from libra_opt.solvers.libra import finish

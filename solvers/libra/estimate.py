@@ -77,6 +77,13 @@ __all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
            "KEEP", "REC", "SWAP", "NEG", "LIVE", "MISSING", "ARRIVING"]
 
 
+def _chain_rise(ch: Chain | None) -> int:
+    """Bytes the chain ``ch`` takes memory above where it starts at its
+    peak, less what it leaves resident for its node (``peak_bytes -
+    kept_bytes``); 0 where no chain runs (the gap before the node)."""
+    return 0 if ch is None else ch.peak_bytes - ch.kept_bytes
+
+
 class Timeline:
     """Incremental model of the lowered plan (see the module docstring).
 
@@ -356,8 +363,7 @@ class Timeline:
         newws = pt.newws
         for q, ch in chains.items():
             cq = int(C[q]) + dCq[q]
-            new_m = max(cq, cq - int(newws[q]) + int(H[q])) if ch is None else max(
-                cq, cq - int(newws[q]) - ch.kept_bytes + ch.peak_bytes + int(H[q]))
+            new_m = max(cq, cq - int(newws[q]) + _chain_rise(ch) + int(H[q]))
             old_m = max(int(C[q]), int(C[q] + regen_off[q] + H_old[q]))
             if new_m > old_m and new_m > raised_max:
                 raised_max, raised_at = new_m, q
@@ -375,7 +381,7 @@ class Timeline:
             c += -int(wt.w_bytes[j]) if policy == REC else int(wt.w_bytes[j])
         if i in eff.chains:
             ch = eff.chains[i]
-            off = -int(self.tables.newws[i]) if ch is None else ch.peak_bytes - ch.kept_bytes - int(self.tables.newws[i])
+            off = _chain_rise(ch) - int(self.tables.newws[i])
         else:
             off = int(st.regen_off[i])
         held = eff.swap.held if eff.swap is not None else st.swap.held

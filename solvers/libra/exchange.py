@@ -253,7 +253,8 @@ def _finish_first_from(ref: Evaluator, costs: OptionCosts, trace: _Trace, budget
     steps and reaches its plan: nothing new) or the count reaches
     ``max_evals`` first."""
     fork = trace.fork
-    if not _counted(ref, trace.evals[:trace.fork_at] if fork is not None else trace.evals, max_evals) or fork is None:
+    shared = trace.evals if fork is None else trace.evals[:trace.fork_at]   # the steps the twin takes again
+    if not _counted(ref, shared, max_evals) or fork is None:
         return None
     counted = ref.evals
     fins = []

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "solvers" / "libra"
-DRIVER = {"refine", "finish", "exchange", "switch", "solver", "explain", "records", "tidy"}
+DRIVER = {"refine", "finish", "exchange", "switch", "solver", "explain", "records", "tidy", "continued"}
 
 
 def _imports() -> dict[str, list[tuple[str, list[str]]]]:

@@ -46,8 +46,10 @@ and :mod:`~libra_opt.solvers.libra.reshape`),
 snapshots, prepared and finished plans, the descent's interface),
 :mod:`~libra_opt.solvers.libra.tidy` (the estimate-only passes over a
 prepared plan), :mod:`~libra_opt.solvers.libra.exchange` (exchange moves),
-:mod:`~libra_opt.solvers.libra.switch` (policy switches) and
-:mod:`~libra_opt.solvers.libra.reverse` (the reverse greedy).  The finish step is
+:mod:`~libra_opt.solvers.libra.switch` (policy switches),
+:mod:`~libra_opt.solvers.libra.reverse` (the reverse greedy) and
+:mod:`~libra_opt.solvers.libra.continued` (the hybrid descent continued from
+a recompute-only one's end).  The finish step is
 composed around a descent (``Finisher(refiner)``), not inherited.
 
 Beyond the thesis: a swap-in may be delayed past the peak it must cover
@@ -69,8 +71,11 @@ reaches as low as every single policy and baseline and costs no more than the
 baselines it compares with, and where only waiting for copies out meets a budget,
 or the plan found stalls for over a quarter of what it adds, a hybrid descent
 that waits runs too, its plan finished apart and returned where cheaper
-(:meth:`LibraSolver._waiting_hybrid`, :meth:`LibraSolver._less_stalling`);
-in swap-only mode, where the descents stop above a
+(:meth:`LibraSolver._waiting_hybrid`, :meth:`LibraSolver._less_stalling`),
+and under the least memory every recompute-only descent reaches, a hybrid
+descent continued from the lowest of their ends (the recompute-only plan
+with swaps on top: :mod:`~libra_opt.solvers.libra.continued`), its plan
+finished apart and returned where cheaper; in swap-only mode, where the descents stop above a
 budget, a *bulk move* (every window swapped at once, waiting for its copy out
 and swapped in right before its use, then what the budget does not need given
 back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-only mode the portfolio holds
@@ -121,6 +126,7 @@ from libra_opt.ir.units import parse_budget
 from ..base import Solver
 from ..baselines import BaselineCandidate, BaselinePlan
 from .bounds import swap_only_lower_bounds
+from .continued import ContinuedRefiner
 from .exchange import MAX_NODES as EXCHANGE_MAX_NODES
 from .explain import REASON_ONLY_POLICY, explain
 from .estimate import SWAP
@@ -283,6 +289,18 @@ class LibraOptions:
         lowered and simulated, and returned where it is cheaper simulated
         too (``extras["descent"]`` then reads e.g. ``"recompute+switch"``);
         the switches change what a plan costs, never which budgets are met.
+    continue_recompute : bool
+        Hybrid mode with the portfolio only: at budgets under the least
+        memory every recompute-only descent reaches, a hybrid descent
+        continued from the lowest of their ends too (the recompute-only plan
+        with swaps on top: :mod:`~libra_opt.solvers.libra.continued`,
+        ``LibraSolver._continued``), its plan finished apart from the
+        others' and returned where it is cheaper (``extras["descent"]``
+        ``"hybrid-continued"``).  Just under that reach, with copies slower
+        than compute, the descents from the keep-everything plan swap most
+        of what they evict (``random_layered_n100`` with copies 4x slower
+        than compute at 0.7 of its peak: 83,347 -> 51,920 added to a
+        compute time of 47,769 without -> with it).
     """
 
     policy: str = "hybrid"
@@ -300,6 +318,7 @@ class LibraOptions:
     retain_inputs: bool | None = None
     portfolio: bool = True
     switch: bool = True
+    continue_recompute: bool = True
 
     def __post_init__(self):
         if self.policy not in POLICY_MODES:
@@ -629,7 +648,21 @@ class LibraSolver(Solver):
         fallback that waits ran, the budgets the fallbacks met get a hybrid
         descent that waits too
         (:meth:`_waiting_hybrid`: cheaper plans, no lower reach); ``False``
-        for a caller that only asks which budgets are met (the tightening)."""
+        for a caller that only asks which budgets are met (the tightening).
+        Last, in hybrid mode, for the budgets under every recompute-only
+        descent's reach, whether or not another descent met them, a hybrid
+        descent continued from the lowest of their ends (:meth:`_continued`)."""
+        own = [k for k, ref in enumerate(refs) if not isinstance(ref, ContinuedRefiner)]   # (as without it)
+        base, base_snaps = [refs[k] for k in own], [snaps[k] for k in own]
+        more, more_snaps = self._missed(problem, base, budgets, base_snaps, force, reuse, cheaper)
+        cont, cont_snaps = self._continued(problem, base, budgets, base_snaps, refs + more)
+        return more + cont, more_snaps + cont_snaps
+
+    def _missed(self, problem: RematProblem, refs: list[Refiner], budgets: list[int], snaps: list[dict],
+                force: bool, reuse: list[Refiner] | None, cheaper: bool) -> tuple[list[Refiner], list[dict]]:
+        """:meth:`_fallbacks` for the budgets no descent reached (all of its
+        descents but the continued one; ``refs``, ``snaps``: the solve's
+        descents but a continued one, which changes none of these)."""
         missing = list(budgets) if force else [b for b in budgets if all(s.get(b) is None for s in snaps)]
         if not missing:
             return [], []
@@ -677,6 +710,42 @@ class LibraSolver(Solver):
             wait, wait_snaps = self._waiting_hybrid(problem, refs, missing, more_snaps, refs + more)
             more, more_snaps = more + wait, more_snaps + wait_snaps
         return more, more_snaps
+
+    def _continued(self, problem: RematProblem, refs: list[Refiner], budgets: list[int], snaps: list[dict],
+                   ran: list[Refiner]) -> tuple[list[Refiner], list[dict]]:
+        """In hybrid mode with the portfolio and ``continue_recompute``, for the budgets of ``budgets``
+        that no recompute-only descent of ``refs`` (the solve's own
+        descents, :meth:`_refiners`; ``snaps``: their snapshots) reaches, each
+        having run to its end, a hybrid descent continued from the lowest of
+        those ends (:class:`~libra_opt.solvers.libra.continued.ContinuedRefiner`;
+        the first descent's on a tie): the recompute-only plan with swaps on
+        top, which the descents from the keep-everything plan miss just under
+        recomputation's reach (``random_layered_n100`` with copies 4x slower
+        than compute, at 0.7 of its peak: 83,347 -> 51,920, the compute time
+        being 47,769).  The descents it starts from are the same in a single
+        solve and in ``solve_many`` (every recompute-only descent of the
+        solve missed the budget), so both take the same snapshots.  None
+        where ``ran`` (every descent of the solve so far) has one already,
+        or where a descent was cut short (``max_steps``, ``time_limit_s``).
+        ``([descent], [its snapshots])`` or ``([], [])``."""
+        o = self.options
+        if (o.policy != "hybrid" or not o.portfolio or not o.continue_recompute
+                or any(isinstance(r, ContinuedRefiner) for r in ran)):
+            return [], []
+        rec = [(ref, sn) for ref, sn in zip(refs, snaps) if type(ref) is Refiner and ref.opts.policy == "recompute"]
+        if not rec or any(ref.cut_short for ref in ran):
+            return [], []
+        todo = [b for b in budgets if all(sn.get(b) is None for _, sn in rec)]
+        if not todo or not all(ref.done for ref, _ in rec):
+            return [], []
+        source = min((ref for ref, _ in rec), key=lambda ref: ref.final().peak_bytes)
+        todo = [b for b in todo if b < source.final().peak_bytes]
+        if not todo:
+            return [], []
+        ref = ContinuedRefiner(problem, source)
+        ref.asked = set(todo)
+        ref.apart = True   # finished apart from the others (_libra_plan): never a costlier plan than without it
+        return [ref], self._descend_all([ref], todo, spent_s=sum(r.clock_s() for r in ran))
 
     def _apart_waiting(self, problem: RematProblem, main: Refiner, spent_s: float) -> Refiner:
         """A hybrid descent that waits for copies out, run apart (``Refiner.apart``):
@@ -944,7 +1013,7 @@ class LibraSolver(Solver):
         try:
             raw = self._planned(problem, refs, snaps, budget_bytes, pool)
         except InfeasibleBudgetError:
-            if more or problem.num_nodes > self.POOL_MAX_NODES:
+            if any(not isinstance(r, ContinuedRefiner) for r in more) or problem.num_nodes > self.POOL_MAX_NODES:
                 raise
             # the descents reached the budget in their estimate but no plan lowers within it: the fallbacks
             # too (as the tightening's several budgets run them), so that a stated minimum is met
@@ -954,9 +1023,35 @@ class LibraSolver(Solver):
             built.extend(more)
             refs, snaps = refs + more, snaps + more_snaps
             return self._planned(problem, refs, snaps, budget_bytes, pool)
-        if self._stalling(problem, refs, [s.get(budget_bytes) for s in snaps], raw):
-            raw = self._less_stalling(problem, refs, {budget_bytes: raw}).get(budget_bytes, (raw, 0.0))[0]
+        main, main_snaps = self._without_continued(refs, snaps)
+        basis = self._stall_basis(problem, refs, snaps, budget_bytes, raw, pool)
+        if basis is not None and self._stalling(problem, main, [s.get(budget_bytes) for s in main_snaps], basis):
+            better = self._less_stalling(problem, main, {budget_bytes: basis}).get(budget_bytes)
+            if better is not None and better[0].simulation.added_s < raw.simulation.added_s:
+                raw = better[0]
         return raw
+
+    @staticmethod
+    def _without_continued(refs: list[Refiner], snaps: list[dict]) -> tuple[list[Refiner], list[dict]]:
+        """``refs`` and their ``snaps`` without the continued descent (:meth:`_continued`)."""
+        keep = [k for k, ref in enumerate(refs) if not isinstance(ref, ContinuedRefiner)]
+        return [refs[k] for k in keep], [snaps[k] for k in keep]
+
+    def _stall_basis(self, problem: RematProblem, refs: list[Refiner], snaps: list[dict], budget: int,
+                     raw: RawSolution, pool: "_BaselinePool | None") -> RawSolution | None:
+        """The plan whose stalls decide whether a hybrid descent that waits
+        runs for ``budget`` (:meth:`_stalling`, :meth:`_less_stalling`): ``raw``,
+        the solve's plan, or, where that is the continued descent's
+        (:meth:`_continued`), the plan the solve finds without it (``None``:
+        none), so that the continued descent never keeps the solve from the
+        cheaper plan of a descent that waits."""
+        if not str(raw.extras.get("descent", "")).startswith(ContinuedRefiner.LABEL):
+            return raw
+        main, main_snaps = self._without_continued(refs, snaps)
+        try:
+            return self._planned(problem, main, main_snaps, budget, pool)
+        except InfeasibleBudgetError:
+            return None
 
     #: hybrid mode runs a hybrid descent that waits for copies out (:meth:`_less_stalling`) for a budget
     #: whose plan stalls for more than this share of the time it adds
@@ -1208,11 +1303,12 @@ class LibraSolver(Solver):
                     ) -> RawSolution | None:
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``.
         The plans of descents run only for cheaper plans (``Refiner.apart``:
-        :meth:`_waiting_hybrid`) are finished apart from the others' (exchange
-        moves and policy switches pick among the plans they are given), and the
-        cheaper simulated plan of the two is returned: never costlier than
-        without those descents."""
-        groups = [[k for k, ref in enumerate(refs) if ref.apart == flag] for flag in (False, True)]
+        :meth:`_waiting_hybrid`, :meth:`_continued`) are finished apart from
+        the others' and from each other (exchange moves and policy switches
+        pick among the plans they are given), and the cheapest simulated plan
+        of these groups is returned: never costlier than without those
+        descents."""
+        groups = [[k for k, ref in enumerate(refs) if not ref.apart]] + [[k] for k, ref in enumerate(refs) if ref.apart]
         best = None
         for ks in groups:
             if not ks:
@@ -1445,6 +1541,7 @@ class LibraSolver(Solver):
         more, more_snaps = self._fallbacks(problem, refs, aim, snaps)   # (a free budget has a snapshot: not missed)
         ran = (base[0], list(more))   # rewound by the tightening (_first_planned)
         refs, snaps = refs + more, snaps + more_snaps
+        main, main_snaps = self._without_continued(refs, snaps)
         spent = [ref.clock_s() for ref in refs]
         pool = self._pool(problem)
         out, missed, stalling = [], [], []
@@ -1475,15 +1572,18 @@ class LibraSolver(Solver):
                 out.append(None)
                 continue
             own = base_s + time.perf_counter() - t1
-            if self._stalling(problem, refs, these, raw):   # finished below, with the plan that wins there
-                stalling.append((len(out), b, raw, own))
+            basis = self._stall_basis(problem, refs, snaps, b, raw, pool)
+            if basis is not None and self._stalling(problem, main, [s.get(b) for s in main_snaps], basis):
+                stalling.append((len(out), b, raw, basis, own))   # finished below, with the plan that wins there
                 out.append(None)
                 continue
             out.append(self._finish(problem, b, raw, own))
         if stalling:   # one hybrid descent that waits, for every budget whose plan stalls (as single solves)
-            better = self._less_stalling(problem, refs, {b: raw for _, b, raw, _ in stalling})
-            for i, b, raw, own in stalling:
-                raw, extra_s = better.get(b, (raw, 0.0))
+            better = self._less_stalling(problem, main, {b: basis for _, b, _, basis, _ in stalling})
+            for i, b, raw, _, own in stalling:
+                alt, extra_s = better.get(b, (None, 0.0))
+                if alt is not None and alt.simulation.added_s < raw.simulation.added_s:
+                    raw = alt
                 out[i] = self._finish(problem, b, raw, own + extra_s)
         if missed and problem.num_nodes <= self.POOL_MAX_NODES:
             missed = self._forced(problem, base, bb, missed, out, pool)

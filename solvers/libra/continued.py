@@ -66,10 +66,7 @@ class ContinuedRefiner(Refiner):
                              f"its end (got policy {source.opts.policy!r}, done={source.done}, "
                              f"cut short={source.cut_short})")
         super().__init__(problem, dataclasses.replace(source.opts, policy="hybrid"))
-        end = source.final()
-        self.tl = end.timeline.copy()
-        self.records = dict(end.records)
-        self.step, self.evals, self.used_early = end.step, end.evals, source.used_early
+        self.start_from(source)
         self.source = source
 
     @property

@@ -242,6 +242,21 @@ class Refiner:
             self._commit(move, p, peak)
         return out
 
+    def start_from(self, source: "Refiner") -> None:
+        """Start this descent where ``source`` (a descent of the same problem
+        and window mode, run to its end) ended: its timeline (a copy),
+        decision records, step and evaluation counts.  This descent's option
+        caches stay its own (fresh lower bounds: its first selection
+        evaluates each option anew; taking ``source``'s recompute caches,
+        which saved 4-9 recompute evaluations per continued descent, changed
+        1 of the 285 plans of ``benchmarks/continued_gain.py``, 0.16 %
+        costlier).  Used by
+        :class:`~libra_opt.solvers.libra.continued.ContinuedRefiner`."""
+        end = source.final()
+        self.tl = end.timeline.copy()
+        self.records = dict(end.records)
+        self.step, self.evals, self.used_early = end.step, end.evals, source.used_early
+
     def _checkpoint(self, peak: int) -> None:
         """Keep the state now (estimated peak ``peak``, bytes) for :meth:`rewind`;
         where :attr:`MAX_CHECKPOINTS` are kept, every other one is dropped

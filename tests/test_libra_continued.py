@@ -87,7 +87,21 @@ def test_just_under_the_recompute_reach_the_plan_keeps_recomputing():
     assert on.time_s < 0.5 * off.time_s, (on.time_s, off.time_s)
 
 
-@pytest.mark.parametrize("seed,copy_steps", [(0, 1.0), (1, 4.0), (3, 4.0)])
+def test_where_a_descent_meets_the_budget_every_recompute_only_end_is_continued():
+    """``random_layered_graph(100, seed=2)`` with copies as slow as compute, at 0.9 of its
+    recompute-only reach: the hybrid descent continued from the lowest recompute-only end stops above
+    the budget, the one from another end meets it cheaply (over 40% under the plan without them)."""
+    p = _with_copies(G.random_layered_graph(100, seed=2), 1.0)
+    budget = int(0.9 * _reach(p))
+    on = solve(p, budget, "libra")
+    off = solve(p, budget, "libra", continue_recompute=False)
+    _fits(p, on)
+    _fits(p, off)
+    assert on.extras["descent"].startswith("hybrid-continued")
+    assert on.time_s < 0.6 * off.time_s, (on.time_s, off.time_s)
+
+
+@pytest.mark.parametrize("seed,copy_steps", [(0, 1.0), (1, 4.0), (2, 4.0), (3, 4.0)])
 def test_never_costlier_than_without_it(seed, copy_steps):
     """Its plans are finished apart from the other descents' (``Refiner.apart``), so a hybrid solve
     is never costlier with it than without it, at budgets under the recompute-only reach."""

@@ -74,8 +74,9 @@ that waits runs too, its plan finished apart and returned where cheaper
 (:meth:`LibraSolver._waiting_hybrid`, :meth:`LibraSolver._less_stalling`),
 and under the least memory every recompute-only descent reaches, a hybrid
 descent continued from the lowest of their ends (the recompute-only plan
-with swaps on top: :mod:`~libra_opt.solvers.libra.continued`), its plan
-finished apart and returned where cheaper; in swap-only mode, where the descents stop above a
+with swaps on top: :mod:`~libra_opt.solvers.libra.continued`), and where a
+descent meets the budget one from each other end, their plans finished
+apart and returned where cheaper; in swap-only mode, where the descents stop above a
 budget, a *bulk move* (every window swapped at once, waiting for its copy out
 and swapped in right before its use, then what the budget does not need given
 back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-only mode the portfolio holds
@@ -296,9 +297,10 @@ class LibraOptions:
         with swaps on top: :mod:`~libra_opt.solvers.libra.continued`,
         ``LibraSolver._continued``), its plan finished apart from the
         others' and returned where it is cheaper (``extras["descent"]``
-        ``"hybrid-continued"``).  Just under that reach, with copies slower
-        than compute, the descents from the keep-everything plan swap most
-        of what they evict (``random_layered_n100`` with copies 4x slower
+        ``"hybrid-continued"``); where some descent meets the budget, one
+        continued from each other recompute-only end too.  Just under that
+        reach, with copies slower than compute, the descents from the
+        keep-everything plan swap most of what they evict (``random_layered_n100`` with copies 4x slower
         than compute at 0.7 of its peak: 83,347 -> 51,920 added to a
         compute time of 47,769 without -> with it).
     """
@@ -651,11 +653,13 @@ class LibraSolver(Solver):
         for a caller that only asks which budgets are met (the tightening).
         Last, in hybrid mode, for the budgets under every recompute-only
         descent's reach, whether or not another descent met them, a hybrid
-        descent continued from the lowest of their ends (:meth:`_continued`)."""
+        descent continued from the lowest of their ends, and with ``cheaper``
+        where a descent meets the budget, one from each other end
+        (:meth:`_continued`)."""
         own = [k for k, ref in enumerate(refs) if not isinstance(ref, ContinuedRefiner)]   # (as without it)
         base, base_snaps = [refs[k] for k in own], [snaps[k] for k in own]
         more, more_snaps = self._missed(problem, base, budgets, base_snaps, force, reuse, cheaper)
-        cont, cont_snaps = self._continued(problem, base, budgets, base_snaps, refs + more)
+        cont, cont_snaps = self._continued(problem, base, budgets, base_snaps, refs + more, snaps + more_snaps, cheaper)
         return more + cont, more_snaps + cont_snaps
 
     def _missed(self, problem: RematProblem, refs: list[Refiner], budgets: list[int], snaps: list[dict],
@@ -712,22 +716,32 @@ class LibraSolver(Solver):
         return more, more_snaps
 
     def _continued(self, problem: RematProblem, refs: list[Refiner], budgets: list[int], snaps: list[dict],
-                   ran: list[Refiner]) -> tuple[list[Refiner], list[dict]]:
-        """In hybrid mode with the portfolio and ``continue_recompute``, for the budgets of ``budgets``
-        that no recompute-only descent of ``refs`` (the solve's own
-        descents, :meth:`_refiners`; ``snaps``: their snapshots) reaches, each
-        having run to its end, a hybrid descent continued from the lowest of
-        those ends (:class:`~libra_opt.solvers.libra.continued.ContinuedRefiner`;
-        the first descent's on a tie): the recompute-only plan with swaps on
-        top, which the descents from the keep-everything plan miss just under
+                   ran: list[Refiner], ran_snaps: list[dict], cheaper: bool = True
+                   ) -> tuple[list[Refiner], list[dict]]:
+        """In hybrid mode with the portfolio and ``continue_recompute``, for
+        the budgets of ``budgets`` that no recompute-only descent of ``refs``
+        (the solve's own descents, :meth:`_refiners`; ``snaps``: their
+        snapshots) reaches, each having run to its end, a hybrid descent
+        continued from the lowest of those ends
+        (:class:`~libra_opt.solvers.libra.continued.ContinuedRefiner`; the
+        first descent's on a tie): the recompute-only plan with swaps on top,
+        which the descents from the keep-everything plan miss just under
         recomputation's reach (``random_layered_n100`` with copies 4x slower
         than compute, at 0.7 of its peak: 83,347 -> 51,920, the compute time
-        being 47,769).  The descents it starts from are the same in a single
-        solve and in ``solve_many`` (every recompute-only descent of the
-        solve missed the budget), so both take the same snapshots.  None
-        where ``ran`` (every descent of the solve so far) has one already,
-        or where a descent was cut short (``max_steps``, ``time_limit_s``).
-        ``([descent], [its snapshots])`` or ``([], [])``."""
+        being 47,769).  With ``cheaper`` (not for the tightening, which only
+        asks which budgets are met), for the budgets some descent of the
+        solve meets (``ran``, ``ran_snaps``: every descent so far and their
+        snapshots, and the first continued one), one continued from each
+        other recompute-only end too: they change which plan is cheapest,
+        never which budgets are met (``random_layered_graph(100, seed=2)``
+        with copies as slow as compute, at 0.9 of its recompute-only reach:
+        125,992 -> 67,708).  Each is finished apart from the other descents
+        (``Refiner.apart``).  The descents they start from are the same in a
+        single solve and in ``solve_many`` (every recompute-only descent of
+        the solve missed the budget), so both take the same snapshots.  None
+        where ``ran`` has one already, or where a descent was cut short
+        (``max_steps``, ``time_limit_s``).  ``([descents], [their
+        snapshots])`` or ``([], [])``."""
         o = self.options
         if (o.policy != "hybrid" or not o.portfolio or not o.continue_recompute
                 or any(isinstance(r, ContinuedRefiner) for r in ran)):
@@ -738,14 +752,23 @@ class LibraSolver(Solver):
         todo = [b for b in budgets if all(sn.get(b) is None for _, sn in rec)]
         if not todo or not all(ref.done for ref, _ in rec):
             return [], []
-        source = min((ref for ref, _ in rec), key=lambda ref: ref.final().peak_bytes)
-        todo = [b for b in todo if b < source.final().peak_bytes]
-        if not todo:
-            return [], []
-        ref = ContinuedRefiner(problem, source)
-        ref.asked = set(todo)
-        ref.apart = True   # finished apart from the others (_libra_plan): never a costlier plan than without it
-        return [ref], self._descend_all([ref], todo, spent_s=sum(r.clock_s() for r in ran))
+        sources = sorted(range(len(rec)), key=lambda k: (rec[k][0].final().peak_bytes, k))
+        out, out_snaps = [], []
+        for n, k in enumerate(sources):
+            source = rec[k][0]
+            if n == 1:   # the others: only where a descent meets the budget (cheaper plans, the same budgets met)
+                if not cheaper:
+                    break
+                todo = [b for b in todo if any(sn.get(b) is not None for sn in (*ran_snaps, *out_snaps))]
+            these = [b for b in todo if b < source.final().peak_bytes]
+            if not these:
+                continue
+            ref = ContinuedRefiner(problem, source)
+            ref.asked = set(these)
+            ref.apart = True   # finished apart from the others (_libra_plan): never a costlier plan than without it
+            out.append(ref)
+            out_snaps += self._descend_all([ref], these, spent_s=sum(r.clock_s() for r in (*ran, *out)))
+        return out, out_snaps
 
     def _apart_waiting(self, problem: RematProblem, main: Refiner, spent_s: float) -> Refiner:
         """A hybrid descent that waits for copies out, run apart (``Refiner.apart``):

@@ -883,7 +883,7 @@ class LibraSolver(Solver):
         return {b: bounds[b] for b, est in have.items() if bounds[b] > self.SKIP_RATIO * max(est, 0.0)}
 
     def _planned(self, problem: RematProblem, refs: list[Refiner], snaps: list[dict], budget: int,
-                 pool: "_BaselinePool | None", met_only: bool = False) -> RawSolution:
+                 pool: "_BaselinePool | None", met_only: bool = False, done: dict | None = None) -> RawSolution:
         """:meth:`_plan` for ``budget`` over the descents' snapshots ``snaps``
         (one dict per descent); where a descent was skipped there
         (:meth:`_skipped`) and the plan found adds no less than its bound
@@ -891,12 +891,13 @@ class LibraSolver(Solver):
         runs for ``budget`` (resumed, or anew where it went past it: a new
         descent of its options takes the same steps), its snapshot goes into
         ``snaps`` and :meth:`_plan` runs again with it, so that a skip never
-        changes the result.  Raises
+        changes the result.  ``done``: the groups' finished plans, shared
+        with a later call for the same budget (:meth:`_libra_plan`).  Raises
         :class:`~libra_opt.errors.InfeasibleBudgetError` as :meth:`_plan`
         does."""
         these = [s.get(budget) for s in snaps]
         try:
-            raw, err = self._plan(refs, these, budget, pool, met_only=met_only), None
+            raw, err = self._plan(refs, these, budget, pool, met_only=met_only, done=done), None
         except InfeasibleBudgetError as e:
             raw, err = None, e
         cost = math.inf if raw is None else (0.0 if met_only else self._added_s(problem, raw))
@@ -914,7 +915,7 @@ class LibraSolver(Solver):
             snap = ref.descend([budget]).get(budget)
             if snap is not None:   # (a snapshot's plan is finished by any descent of its options)
                 snaps[k][budget] = these[k] = snap
-        return self._plan(refs, these, budget, pool, met_only=met_only)
+        return self._plan(refs, these, budget, pool, met_only=met_only, done=done)
 
     @staticmethod
     def _added_s(problem: RematProblem, raw: RawSolution) -> float:
@@ -1033,8 +1034,9 @@ class LibraSolver(Solver):
         more, more_snaps = self._fallbacks(problem, refs, [budget_bytes], snaps)
         built.extend(more)
         refs, snaps = refs + more, snaps + more_snaps
+        done: dict = {}   # the groups' finished plans, shared with _stall_basis
         try:
-            raw = self._planned(problem, refs, snaps, budget_bytes, pool)
+            raw = self._planned(problem, refs, snaps, budget_bytes, pool, done=done)
         except InfeasibleBudgetError:
             if any(not isinstance(r, ContinuedRefiner) for r in more) or problem.num_nodes > self.POOL_MAX_NODES:
                 raise
@@ -1047,7 +1049,7 @@ class LibraSolver(Solver):
             refs, snaps = refs + more, snaps + more_snaps
             return self._planned(problem, refs, snaps, budget_bytes, pool)
         main, main_snaps = self._without_continued(refs, snaps)
-        basis = self._stall_basis(problem, refs, snaps, budget_bytes, raw, pool)
+        basis = self._stall_basis(problem, refs, snaps, budget_bytes, raw, pool, done)
         if basis is not None and self._stalling(problem, main, [s.get(budget_bytes) for s in main_snaps], basis):
             better = self._less_stalling(problem, main, {budget_bytes: basis}).get(budget_bytes)
             if better is not None and better[0].simulation.added_s < raw.simulation.added_s:
@@ -1061,18 +1063,20 @@ class LibraSolver(Solver):
         return [refs[k] for k in keep], [snaps[k] for k in keep]
 
     def _stall_basis(self, problem: RematProblem, refs: list[Refiner], snaps: list[dict], budget: int,
-                     raw: RawSolution, pool: "_BaselinePool | None") -> RawSolution | None:
+                     raw: RawSolution, pool: "_BaselinePool | None", done: dict | None = None) -> RawSolution | None:
         """The plan whose stalls decide whether a hybrid descent that waits
         runs for ``budget`` (:meth:`_stalling`, :meth:`_less_stalling`): ``raw``,
         the solve's plan, or, where that is the continued descent's
         (:meth:`_continued`), the plan the solve finds without it (``None``:
         none), so that the continued descent never keeps the solve from the
-        cheaper plan of a descent that waits."""
+        cheaper plan of a descent that waits.  ``done``: the finished plans
+        of the call that found ``raw`` (:meth:`_libra_plan`), so that no
+        group is finished twice."""
         if not str(raw.extras.get("descent", "")).startswith(ContinuedRefiner.LABEL):
             return raw
         main, main_snaps = self._without_continued(refs, snaps)
         try:
-            return self._planned(problem, main, main_snaps, budget, pool)
+            return self._planned(problem, main, main_snaps, budget, pool, done=done)
         except InfeasibleBudgetError:
             return None
 
@@ -1277,7 +1281,7 @@ class LibraSolver(Solver):
         return None
 
     def _plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int,
-              pool: _BaselinePool | None = None, met_only: bool = False) -> RawSolution:
+              pool: _BaselinePool | None = None, met_only: bool = False, done: dict | None = None) -> RawSolution:
         """The cheapest simulated plan among the descents' snapshots for
         ``budget`` (after the undo pass) that lowers within it; failing that,
         the end of a descent (with, then without the undo pass).  With a
@@ -1289,8 +1293,9 @@ class LibraSolver(Solver):
         ``met_only``: only whether the budget is met (the tightening): the
         first plan found within it, without exchange moves or the passes
         that only save time (``polish=False`` of ``Refiner.prepare``), and
-        the baselines only where no descent meets it."""
-        found = self._libra_plan(refs, snaps, budget, met_only)
+        the baselines only where no descent meets it.  ``done``: see
+        :meth:`_libra_plan`."""
+        found = self._libra_plan(refs, snaps, budget, met_only, done)
         if met_only and found is not None:
             return found
         recompute = self.options.policy == "recompute"
@@ -1322,21 +1327,32 @@ class LibraSolver(Solver):
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))
 
-    def _libra_plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int, met_only: bool = False
-                    ) -> RawSolution | None:
+    def _libra_plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int, met_only: bool = False,
+                    done: dict | None = None) -> RawSolution | None:
         """The descents' own plan for ``budget`` (see :meth:`_plan`), or ``None``.
         The plans of descents run only for cheaper plans (``Refiner.apart``:
         :meth:`_waiting_hybrid`, :meth:`_continued`) are finished apart from
         the others' and from each other (exchange moves and policy switches
         pick among the plans they are given), and the cheapest simulated plan
         of these groups is returned: never costlier than without those
-        descents."""
+        descents.  ``done`` (a dict, or ``None``): each group's finished plan
+        is kept there and taken from there where the same descents ask with
+        the same snapshots for the same budget (the plan without the
+        continued descents, :meth:`_stall_basis`, finishes no group twice)."""
         groups = [[k for k, ref in enumerate(refs) if not ref.apart]] + [[k] for k, ref in enumerate(refs) if ref.apart]
         best = None
         for ks in groups:
             if not ks:
                 continue
-            found = self._finished([refs[k] for k in ks], [snaps[k] for k in ks], budget, met_only)
+            group, these = [refs[k] for k in ks], [snaps[k] for k in ks]
+            key = (tuple(map(id, group)), budget, met_only)
+            hit = done.get(key) if done is not None else None
+            if hit is not None and all(a is b for a, b in zip(hit[0], these)):
+                found = hit[1]
+            else:
+                found = self._finished(group, these, budget, met_only)
+                if done is not None:
+                    done[key] = (these, found)   # (the snapshots kept: their ids stay theirs while it lives)
             if found is not None and (best is None or found.plan.simulation.added_s < best[0].plan.simulation.added_s):
                 best = (found, refs[ks[found.descent]])
             if best is not None and met_only:
@@ -1586,8 +1602,9 @@ class LibraSolver(Solver):
                 raw, free_s = free[b]
                 out.append(self._finish(problem, b, raw, base_s + free_s))
                 continue
+            done: dict = {}   # this budget's finished plans, shared with _stall_basis
             try:
-                raw = self._planned(problem, refs, snaps, b, pool)
+                raw = self._planned(problem, refs, snaps, b, pool, done=done)
             except InfeasibleBudgetError as e:
                 if raise_on_infeasible:
                     raise self._tightened(problem, e, pool, *ran) from None
@@ -1595,7 +1612,7 @@ class LibraSolver(Solver):
                 out.append(None)
                 continue
             own = base_s + time.perf_counter() - t1
-            basis = self._stall_basis(problem, refs, snaps, b, raw, pool)
+            basis = self._stall_basis(problem, refs, snaps, b, raw, pool, done)
             if basis is not None and self._stalling(problem, main, [s.get(b) for s in main_snaps], basis):
                 stalling.append((len(out), b, raw, basis, own))   # finished below, with the plan that wins there
                 out.append(None)

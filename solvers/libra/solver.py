@@ -300,9 +300,10 @@ class LibraOptions:
         ``"hybrid-continued"``); where some descent meets the budget, one
         continued from each other recompute-only end too.  Just under that
         reach, with copies slower than compute, the descents from the
-        keep-everything plan swap most of what they evict (``random_layered_n100`` with copies 4x slower
-        than compute at 0.7 of its peak: 83,347 -> 51,920 added to a
-        compute time of 47,769 without -> with it).
+        keep-everything plan swap most of what they evict
+        (``random_layered_n100`` with copies 4x slower than compute at 0.7
+        of its peak: a step of 83,347 without it, 51,920 with it, the
+        compute time being 47,769).
     """
 
     policy: str = "hybrid"

@@ -657,8 +657,7 @@ class LibraSolver(Solver):
         descent continued from the lowest of their ends, and with ``cheaper``
         where a descent meets the budget, one from each other end
         (:meth:`_continued`)."""
-        own = [k for k, ref in enumerate(refs) if not isinstance(ref, ContinuedRefiner)]   # (as without it)
-        base, base_snaps = [refs[k] for k in own], [snaps[k] for k in own]
+        base, base_snaps = self._without_continued(refs, snaps)   # (as without them)
         more, more_snaps = self._missed(problem, base, budgets, base_snaps, force, reuse, cheaper)
         cont, cont_snaps = self._continued(problem, base, budgets, base_snaps, refs + more, snaps + more_snaps, cheaper)
         return more + cont, more_snaps + cont_snaps
@@ -1050,7 +1049,7 @@ class LibraSolver(Solver):
             refs, snaps = refs + more, snaps + more_snaps
             return self._planned(problem, refs, snaps, budget_bytes, pool)
         main, main_snaps = self._without_continued(refs, snaps)
-        basis = self._stall_basis(problem, refs, snaps, budget_bytes, raw, pool, done)
+        basis = self._stall_basis(problem, main, main_snaps, budget_bytes, raw, pool, done)
         if basis is not None and self._stalling(problem, main, [s.get(budget_bytes) for s in main_snaps], basis):
             better = self._less_stalling(problem, main, {budget_bytes: basis}).get(budget_bytes)
             if better is not None and better[0].simulation.added_s < raw.simulation.added_s:
@@ -1059,23 +1058,23 @@ class LibraSolver(Solver):
 
     @staticmethod
     def _without_continued(refs: list[Refiner], snaps: list[dict]) -> tuple[list[Refiner], list[dict]]:
-        """``refs`` and their ``snaps`` without the continued descent (:meth:`_continued`)."""
+        """``refs`` and their ``snaps`` without the continued descents (:meth:`_continued`)."""
         keep = [k for k, ref in enumerate(refs) if not isinstance(ref, ContinuedRefiner)]
         return [refs[k] for k in keep], [snaps[k] for k in keep]
 
-    def _stall_basis(self, problem: RematProblem, refs: list[Refiner], snaps: list[dict], budget: int,
+    def _stall_basis(self, problem: RematProblem, main: list[Refiner], main_snaps: list[dict], budget: int,
                      raw: RawSolution, pool: "_BaselinePool | None", done: dict | None = None) -> RawSolution | None:
         """The plan whose stalls decide whether a hybrid descent that waits
         runs for ``budget`` (:meth:`_stalling`, :meth:`_less_stalling`): ``raw``,
-        the solve's plan, or, where that is the continued descent's
-        (:meth:`_continued`), the plan the solve finds without it (``None``:
-        none), so that the continued descent never keeps the solve from the
+        the solve's plan, or, where that is a continued descent's
+        (:meth:`_continued`), the plan the solve finds with ``main`` alone
+        (its descents but the continued ones, ``main_snaps`` their
+        snapshots; ``None``: none), so that the continued descent never keeps the solve from the
         cheaper plan of a descent that waits.  ``done``: the finished plans
         of the call that found ``raw`` (:meth:`_libra_plan`), so that no
         group is finished twice."""
         if not str(raw.extras.get("descent", "")).startswith(ContinuedRefiner.LABEL):
             return raw
-        main, main_snaps = self._without_continued(refs, snaps)
         try:
             return self._planned(problem, main, main_snaps, budget, pool, done=done)
         except InfeasibleBudgetError:
@@ -1613,7 +1612,7 @@ class LibraSolver(Solver):
                 out.append(None)
                 continue
             own = base_s + time.perf_counter() - t1
-            basis = self._stall_basis(problem, refs, snaps, b, raw, pool, done)
+            basis = self._stall_basis(problem, main, main_snaps, b, raw, pool, done)
             if basis is not None and self._stalling(problem, main, [s.get(b) for s in main_snaps], basis):
                 stalling.append((len(out), b, raw, basis, own))   # finished below, with the plan that wins there
                 out.append(None)

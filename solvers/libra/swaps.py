@@ -376,8 +376,15 @@ def _delayed_copy_ends(Tend: np.ndarray, delay: np.ndarray, o: np.ndarray, d_o: 
     the earlier ones in issue order (``o``: that order over the storages,
     ``d_o`` their copy times and ``prod_o`` their producers in it; ``inv``:
     each swap's storage, ``None`` where each swap has its own)."""
-    ends_u = np.empty(len(o))
-    ends_u[o] = _sorted_copy_ends(Tend[prod_o] + delay[prod_o], d_o, overlap)
+    return _per_swap(_sorted_copy_ends(Tend[prod_o] + delay[prod_o], d_o, overlap), o, inv)
+
+
+def _per_swap(ends_sorted: np.ndarray, o: np.ndarray, inv: np.ndarray | None) -> np.ndarray:
+    """Copy-out ends in issue order (``ends_sorted``, s; ``o``: that order
+    over the storages) as one per swap (``inv``: each swap's storage,
+    ``None`` where each swap has its own)."""
+    ends_u = np.empty_like(ends_sorted)
+    ends_u[o] = ends_sorted
     return ends_u if inv is None else ends_u[inv]
 
 
@@ -409,7 +416,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
     else:
         uniq, first, inv = np.unique(s, return_index=True, return_inverse=True)
         prod_f, d_out_f = prod[first], d_out[first]
-    o = o_out = np.lexsort((uniq, prod_f))
+    o = np.lexsort((uniq, prod_f))   # the copies out in issue order (their producers', then storage)
     d_o, prod_o = d_out_f[o], prod_f[o]
     wt_ = st.wait[ids]
     if wait is not None:
@@ -433,18 +440,16 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         Tend = T + pt.node_time
     else:
         ends_sorted = _sorted_copy_ends(Tend[prod_o], d_o, overlap)
-    ends_u = np.empty_like(ends_sorted)
-    ends_u[o] = ends_sorted
-    d2h_end = ends_u if inv is None else ends_u[inv]
+    d2h_end = _per_swap(ends_sorted, o, inv)
     # prefetches: walk the host-to-device queue backwards from each use (lowering's "auto")
-    o = np.lexsort((s, -b))
-    bo, d_in_o = b[o], d_in[o]
+    o_in = np.lexsort((s, -b))
+    bo, d_in_o = b[o_in], d_in[o_in]
     use = T[bo] - regen_time[bo]
     D = d_in_o.cumsum()
     start = np.minimum.accumulate(use + (D - d_in_o)) - D
     pos_o = Tend.searchsorted(start, side="right") - 1
     pos = np.empty_like(pos_o)
-    pos[o] = pos_o
+    pos[o_in] = pos_o
     # a chain inside the window that reads the storage gets it from an early prefetch, not a
     # synchronous swap-in
     pos = np.minimum(pos, touch_first - 1)
@@ -490,7 +495,7 @@ def swap_layer(pt, wt, st, ids: np.ndarray, regen_time: np.ndarray, floor: tuple
         # a stall delays the nodes after it, and the copies out they issue: the releases read the copies' ends
         # with their producers delayed (the simulator issues a copy out when its producer has run; ``Tend``
         # has the waits for copies out already)
-        rel_end = _delayed_copy_ends(Tend, delay, o_out, d_o, prod_o, inv, overlap)
+        rel_end = _delayed_copy_ends(Tend, delay, o, d_o, prod_o, inv, overlap)
         r0 = np.maximum(a + 1, (T + delay).searchsorted(rel_end, side="left"))
         # a swap-in issued before its copy out has ended holds a second buffer until then
         late = rel_end > issue_in + delay[pos]

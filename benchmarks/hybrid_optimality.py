@@ -11,7 +11,10 @@ The bound covers the plans of the hybrid model
 (:mod:`libra_opt.solvers.hybrid_model`: Checkmate stages, one swap-out per
 value after its first computation, swap-ins waited for at the end of the
 stage that issues them); ``gap`` is ``(time - bound) / bound`` of the
-returned plan.
+returned plan.  ``lns``: the windows ``hybrid-milp`` searched around its
+incumbent (``extras["lns"]``: taken / solved sub-MILPs, seconds, the
+model's objective before and after; empty where its first solve proved the
+optimum).
 
 Instances: ``vgg16_b256_train`` and ``random_layered_n100`` from ``GRAPHS``
 (Moccasin's export of the Checkmate graphs, GPL-3.0, not in this repository:
@@ -50,7 +53,7 @@ GRAPH_NAMES = ("vgg16_b256_train", "random_layered_n100")
 TARGET_GAP = 0.05
 FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budget_bytes", "status", "time_s",
           "lower_bound_s", "gap", "milp_bound_s", "solve_s", "time_limit_s", "libra_time_s", "milp_over_libra", "returned",
-          "warm_start", "engine", "message"]
+          "warm_start", "engine", "message", "lns"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -75,6 +78,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "target (proven optimal, or a gap at most --target-gap) and list the others")
     p.add_argument("--target-gap", type=float, default=TARGET_GAP, help="relative gap of the target (default 0.05)")
     return p.parse_args(argv)
+
+
+def _lns_cell(lns: dict | None) -> str:
+    """The ``lns`` column: ``"taken/solved windows, seconds, start -> end"`` of
+    ``extras["lns"]`` (the windows searched around the incumbent), or ``""``
+    where none ran (the first solve proved the optimum, or no start fitted)."""
+    if not lns:
+        return ""
+    return (f"{lns['improved']}/{lns['windows']} windows, {lns['seconds']:.0f} s, "
+            f"{lns['start_s']:.6g} -> {lns['end_s']:.6g}")
 
 
 def summarize(rows: list[dict], target_gap: float = TARGET_GAP) -> tuple[list[dict], list[dict]]:
@@ -179,7 +192,7 @@ def main(argv=None) -> int:
                                    milp_bound_s=r.extras.get("best_bound_s", ""), solve_s=round(r.solve_s, 2),
                                    returned=r.extras.get("returned", ""), warm_start=r.extras.get("warm_start", ""),
                                    engine=r.extras.get("engine", ""),
-                                   message=r.message[:200])
+                                   message=r.message[:200], lns=_lns_cell(r.extras.get("lns")))
                         if isinstance(row["libra_time_s"], float):
                             row["milp_over_libra"] = r.time_s / row["libra_time_s"]
                     except InfeasibleBudgetError as e:

@@ -81,9 +81,8 @@ class SolveResult:
     message: str = ""
     min_feasible_bytes: int | None = None
     simulation: "SimulationResult | None" = field(default=None, repr=False)
-    bounds: tuple = ()
-    extras: dict = field(default_factory=dict, repr=False)
     bounds: tuple = field(default=(), repr=False)
+    extras: dict = field(default_factory=dict, repr=False)
 
     @property
     def success(self) -> bool:

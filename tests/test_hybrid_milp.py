@@ -241,7 +241,7 @@ def test_time_limit_without_any_plan_is_a_solver_error():
 def test_bad_options_and_too_large_problems_are_rejected():
     p = linear_network(2)
     for bad in (dict(time_limit_s=0), dict(mip_gap=1.5), dict(backend="gurobi"), dict(values="op"),
-                dict(max_nodes=3)):
+                dict(max_nodes=3), dict(lns_share=1.0)):
         with pytest.raises(SolverOptionError):
             solve(p, 0.7, "hybrid-milp", **bad)
 

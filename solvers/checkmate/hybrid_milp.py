@@ -54,6 +54,7 @@ refused.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -64,7 +65,8 @@ from libra_opt.errors import InfeasibleBudgetError, LibraOptError, SolverError, 
 
 from ..base import Solver
 from ..certificates import HYBRID, Bound, cut_bounds, floor_bound, model_covers
-from .backends import MIPOptions, MipResult, check_mip_options, solve_mip
+from .backends import MIPOptions, MipResult, check_mip_options
+from .neighbourhoods import solve_with_windows
 from .plan import Candidate, CheckmateSetup, no_remat_solution, schedule_from_rs, solve_r_opt
 from .hybrid_model import HybridModel, hybrid_from_schedule, swap_on_demand
 from ..registry import register_solver
@@ -93,10 +95,18 @@ class HybridMILPOptions(MIPOptions):
         Largest problem accepted (nodes); the model is never coarsened.
     values : {"tensor", "node"}
         Value granularity (:meth:`~libra_opt.solvers.checkmate_model.CheckmateGraph.from_problem`).
+    lns_share : float
+        Share of the MILP's time (in ``[0, 1)``) for sub-MILPs over windows
+        of stages and nodes around the incumbent, where a first short solve
+        of the whole model proves no optimum
+        (:func:`~libra_opt.solvers.checkmate.neighbourhoods.solve_with_windows`):
+        better plans sooner, the bound from the whole model only.  ``0``:
+        one solve of the whole model from the starting solution.
     """
 
     max_nodes: int = 250
     values: str = "tensor"
+    lns_share: float = 0.3
 
 
 @register_solver("hybrid-milp")
@@ -128,6 +138,9 @@ class HybridMILPSolver(Solver):
         check_mip_options(o, self.name)
         if o.values not in ("tensor", "node"):
             raise SolverOptionError(f"hybrid-milp: values must be 'tensor' or 'node', got {o.values!r}")
+        if not 0 <= o.lns_share < 1:
+            raise SolverOptionError(f"hybrid-milp: lns_share must be in [0, 1) (a share of the MILP's time), "
+                                    f"got {o.lns_share}")
 
     # ------------------------------------------------------------------ solve
     def _solve(self, problem, budget_bytes: int) -> RawSolution:
@@ -200,7 +213,11 @@ class HybridMILPSolver(Solver):
                                         + (model.off_idx >= 0).sum()))
             hint = self._hint(model, pool, hybrid_hint, extras) if o.warm_start else None
             left = max(deadline - time.perf_counter(), 1.0)
-            res = solve_mip(model, hint, left, o)
+            # the windows' plans join the pool (simulated: the model's objective may charge less)
+            res, found = solve_with_windows(model, hint, left, o, o.lns_share if _attempt == 0 else 0.0,
+                                            lambda x, m=model: pool.append(self._window_candidate(setup, m, x)))
+            if found is not None:
+                extras["lns"] = found.summary(model.time_scale)
             extras["engine"] = res.engine
             if res.x is None:
                 break
@@ -212,6 +229,7 @@ class HybridMILPSolver(Solver):
             model_budget = model_budget - 2 * over - 1
             res, cand = MipResult(None, "no_solution", None, None, False, res.engine), None
 
+        fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
         scale = model.time_scale if model is not None else 1.0
         bound_s = None
         if res is not None and res.bound is not None and np.isfinite(res.bound) and abs(res.bound) < 1e20:
@@ -332,6 +350,13 @@ class HybridMILPSolver(Solver):
 
         sim = simulate(setup.original, sched)
         return Candidate("milp", R, S, sched, sim.peak_bytes, sim.time_s)
+
+    def _window_candidate(self, setup: CheckmateSetup, model: HybridModel, x: np.ndarray) -> Candidate:
+        """The plan of a window's solution (:meth:`_candidate`), named
+        ``"milp (windows)"``, without ``R`` / ``S`` (it swaps: not a
+        recompute-only start for :meth:`_hint`)."""
+        c = self._candidate(setup, model, x)
+        return dataclasses.replace(c, name="milp (windows)", R=None, S=None)
 
     def _infeasible_error(self, setup: CheckmateSetup, budget_bytes: int, pool: list, libra_min: list,
                           detail: str) -> InfeasibleBudgetError:

@@ -43,6 +43,15 @@ cheapest the simulator accepts within the budget is returned whenever the
 MILP ends worse or without a plan, so the result is never slower than
 libra's hybrid plan (status then ``"feasible"`` or ``"time_limit"``).
 
+The solve (:func:`~libra_opt.solvers.checkmate.neighbourhoods.solve_with_windows`):
+the whole model from the starting solution for a tenth of the time (at most
+60 s); where that proves no optimum, sub-MILPs over windows of stages and of
+nodes around the incumbent for ``lns_share`` of it (large-neighbourhood
+search: each fixes the integer variables outside its window; their plans are
+simulated and join the candidates, their bounds are never used), then the
+whole model again from the best of them.  The bound reported is the larger
+of the two whole-model solves'.
+
 Backends: OR-Tools (SCIP through the model builder, or CBC), HiGHS
 (``backend="highs"``, through ``highspy``: ``pip install 'libra-opt[highs]'``)
 or PuLP's CBC, with the helpers of

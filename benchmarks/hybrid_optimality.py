@@ -19,12 +19,12 @@ optimum).
 Instances: ``vgg16_b256_train`` and ``random_layered_n100`` from ``GRAPHS``
 (Moccasin's export of the Checkmate graphs, GPL-3.0, not in this repository:
 pass their folder), ``problems/`` instances under ``--max-nodes`` nodes,
-random layered graphs of ``--generate`` sizes, and the two patterns of issue
+random layered graphs of ``--generate`` sizes (seeds ``--seeds``), and the two patterns of issue
 16 at ``--patterns`` sizes (:func:`~libra_opt.generators.large_beside_small_graph`:
 one large, costly activation beside several small, cheap ones;
 :func:`~libra_opt.generators.early_regeneration_graph`: a storage regenerated
 early and read by another's regeneration), all from :mod:`libra_opt.generators`,
-seed 0.
+seed 0 (the random layered graphs: each of ``--seeds``).
 
 Usage::
 
@@ -70,6 +70,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="hybrid-milp's MIP engine (default ortools: SCIP)")
     p.add_argument("--max-nodes", type=int, default=100, help="problems/ instances up to this many nodes")
     p.add_argument("--generate", default="", metavar="N1,N2,...", help="random layered graphs of these sizes")
+    p.add_argument("--seeds", default="0", metavar="S1,S2,...",
+                   help="seeds of the --generate graphs (default 0; a seed other than 0 is named ..._s<seed>)")
     p.add_argument("--patterns", default="", metavar="N1,N2,...",
                    help="issue 16's two pattern graphs (large_beside_small, early_regeneration) of these sizes")
     p.add_argument("--out", default=str(RESULTS / "hybrid_optimality.csv"))
@@ -140,7 +142,9 @@ def instances(args) -> list:
         if p.num_nodes < args.max_nodes:
             out.append((path.name.split(".")[0], p))
     for n in [int(x) for x in args.generate.split(",") if x.strip()]:
-        out.append((f"random_layered_gen_n{n}", random_layered_graph(n, seed=0)))
+        for seed in [int(x) for x in args.seeds.split(",") if x.strip()]:
+            name = f"random_layered_gen_n{n}" + (f"_s{seed}" if seed else "")
+            out.append((name, random_layered_graph(n, seed=seed)))
     for n in [int(x) for x in args.patterns.split(",") if x.strip()]:
         out.append((f"large_beside_small_n{n}", large_beside_small_graph(n, seed=0)))
         out.append((f"early_regeneration_n{n}", early_regeneration_graph(n, seed=0)))

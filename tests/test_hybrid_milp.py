@@ -295,6 +295,9 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
     assert len(met) + len(missed) == sum(r["status"] != "infeasible" for r in rows)
     assert all(r["status"] == "optimal" or float(r["gap"]) <= mod.TARGET_GAP for r in met)
     assert mod.main(["--summary", str(out)]) == 0
+    # --seeds: one instance per seed, seed 0 under its old name
+    names = [name for name, _ in mod.instances(mod.parse_args(["--generate", "10", "--seeds", "0,2", "--only", "gen"]))]
+    assert names == ["random_layered_gen_n10", "random_layered_gen_n10_s2"]
 
 
 def test_benchmark_summary_counts_the_target():

@@ -22,16 +22,10 @@ from libra_opt.solvers.checkmate.model import CheckmateGraph
 from libra_opt.solvers.checkmate.plan import s_mask, schedule_from_rs, solve_r_opt
 from libra_opt.solvers.checkmate.hybrid_model import HybridModel, swappable_values
 from _benchmark_scripts import load_benchmark
+from _devices import with_bandwidth
 from test_checkmate import diamond, linear_network, unet
 
 REL = 1e-6
-
-
-def with_bandwidth(problem, copy_steps: float, overlap: bool = True):
-    """``problem`` with both copy directions at the rate that copies its
-    no-remat peak in ``copy_steps`` no-remat steps, overlapping compute or not."""
-    rate = no_remat_peak(problem) / (copy_steps * problem.total_compute_s)
-    return problem.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=overlap)
 
 
 def check_plan(problem, r):

@@ -14,14 +14,8 @@ from libra_opt.solvers import get_solver, solve
 from libra_opt.solvers.libra.continued import ContinuedRefiner
 from libra_opt.solvers.libra.refine import Refiner
 
+from _devices import with_bandwidth
 from _sweeps import assert_sweep_equals_single_solves
-
-
-def _with_copies(p, copy_steps: float):
-    """``p`` with copies that take ``copy_steps`` no-remat steps to move the no-remat peak
-    (overlapping compute)."""
-    bw = no_remat_peak(p) / (copy_steps * p.total_compute_s)
-    return p.with_device(h2d_bytes_per_s=bw, d2h_bytes_per_s=bw, copies_overlap_compute=True)
 
 
 def _reach(p) -> int:
@@ -38,7 +32,7 @@ def _fits(p, r) -> None:
 
 
 def test_a_continued_descent_starts_at_the_recompute_only_end():
-    p = _with_copies(G.random_layered_graph(60, seed=0), 4.0)
+    p = with_bandwidth(G.random_layered_graph(60, seed=0), 4.0)
     opts = get_solver("libra", policy="recompute").options
     src = Refiner(p, opts)
     assert src.descend([0]) == {}   # no plan fits 0 bytes: the descent runs to its end
@@ -59,7 +53,7 @@ def test_a_continued_descent_starts_at_the_recompute_only_end():
 
 
 def test_a_continued_descent_needs_a_finished_recompute_only_source():
-    p = _with_copies(G.random_layered_graph(30, seed=1), 1.0)
+    p = with_bandwidth(G.random_layered_graph(30, seed=1), 1.0)
     hybrid = Refiner(p, get_solver("libra").options)
     hybrid.descend([0])
     with pytest.raises(ValueError, match="recompute-only descent"):
@@ -74,7 +68,7 @@ def test_just_under_the_recompute_reach_the_plan_keeps_recomputing():
     recompute-only reach: without the continued descent the solve's plan swaps most of what it
     evicts (over 3x the compute time); with it the plan recomputes and swaps a little, at under
     half that, within the budget."""
-    p = _with_copies(G.random_layered_graph(100, seed=0), 4.0)
+    p = with_bandwidth(G.random_layered_graph(100, seed=0), 4.0)
     budget = int(0.995 * _reach(p))
     on = solve(p, budget, "libra")
     _fits(p, on)
@@ -91,7 +85,7 @@ def test_where_a_descent_meets_the_budget_every_recompute_only_end_is_continued(
     """``random_layered_graph(100, seed=2)`` with copies as slow as compute, at 0.9 of its
     recompute-only reach: the hybrid descent continued from the lowest recompute-only end stops above
     the budget, the one from another end meets it cheaply (over 40% under the plan without them)."""
-    p = _with_copies(G.random_layered_graph(100, seed=2), 1.0)
+    p = with_bandwidth(G.random_layered_graph(100, seed=2), 1.0)
     budget = int(0.9 * _reach(p))
     on = solve(p, budget, "libra")
     off = solve(p, budget, "libra", continue_recompute=False)
@@ -105,7 +99,7 @@ def test_where_a_descent_meets_the_budget_every_recompute_only_end_is_continued(
 def test_never_costlier_than_without_it(seed, copy_steps):
     """Its plans are finished apart from the other descents' (``Refiner.apart``), so a hybrid solve
     is never costlier with it than without it, at budgets under the recompute-only reach."""
-    p = _with_copies(G.random_layered_graph(100, seed=seed), copy_steps)
+    p = with_bandwidth(G.random_layered_graph(100, seed=seed), copy_steps)
     reach = _reach(p)
     budgets = [int(f * reach) for f in (0.995, 0.97, 0.9)]
     on = [solve(p, b, "libra", raise_on_infeasible=False) for b in budgets]
@@ -123,7 +117,7 @@ def test_never_costlier_than_without_it(seed, copy_steps):
 def test_a_sweep_under_the_recompute_reach_equals_single_solves():
     """The continued descent starts where every recompute-only descent of the solve ended, in a
     sweep as in a single solve: the sweep's plans are the single solves'."""
-    p = _with_copies(G.random_layered_graph(100, seed=0), 4.0)
+    p = with_bandwidth(G.random_layered_graph(100, seed=0), 4.0)
     peak, reach = no_remat_peak(p), _reach(p)
     fractions = [min(1.02 * reach / peak, 0.99), 0.995 * reach / peak, 0.97 * reach / peak, 0.93 * reach / peak]
     many = assert_sweep_equals_single_solves(p, get_solver("libra"), fractions)

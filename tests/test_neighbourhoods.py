@@ -21,7 +21,8 @@ from libra_opt.solvers.checkmate.backends import MIPOptions
 from libra_opt.solvers.checkmate.hybrid_model import HybridModel, hybrid_from_schedule
 from libra_opt.solvers.checkmate.model import CheckmateGraph
 from libra_opt.solvers.checkmate.plan import schedule_from_rs, solve_r_opt
-from test_hybrid_milp import check_plan, with_bandwidth
+from _devices import with_bandwidth
+from test_hybrid_milp import check_plan
 
 
 def test_window_starts_cover_every_position_half_a_width_apart():

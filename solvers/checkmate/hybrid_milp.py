@@ -208,7 +208,6 @@ class HybridMILPSolver(Solver):
                 if rr.best is not None:
                     pool.append(rr.best)
             extras["warm_start_lp_s"] = time.perf_counter() - t_lp
-        fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
 
         model_budget = budget_bytes
         res = model = cand = None
@@ -238,6 +237,7 @@ class HybridMILPSolver(Solver):
             model_budget = model_budget - 2 * over - 1
             res, cand = MipResult(None, "no_solution", None, None, False, res.engine), None
 
+        # the plans that fit: the pool with the LP rounding's and the windows' plans
         fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
         scale = model.time_scale if model is not None else 1.0
         bound_s = None

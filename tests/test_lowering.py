@@ -13,6 +13,7 @@ from libra_opt.passes.lowering import Eviction, Policy, all_windows, default_win
 from libra_opt.ir.problem import BACKWARD, DeviceProfile, ProblemBuilder
 from libra_opt.ir.schedule import Op, no_remat_schedule
 from libra_opt.passes.simulator import simulate
+from _chain_problems import input_of_a_recomputation
 
 R, S = Policy.RECOMPUTE, Policy.SWAP
 
@@ -428,6 +429,61 @@ def test_bad_retentions_say_what_to_change():
     q = b.build(outputs=[o])
     with pytest.raises(ScheduleError, match="either evicted or retained"):
         lower(q, [Eviction(a, 2, 5, R), Retain(a, 4)])
+
+
+def test_swapped_retention_brings_an_input_back_for_its_chain():
+    """Retain(swap=True): a is copied out once made, freed after its last use (fm) and swapped back
+    in for the chain before fo, which replays fm alone; a is freed after it.  Same recompute as a
+    resident retention (1 s), without its 10 bytes over fy and fz."""
+    from libra_opt.passes.lowering import Retain
+
+    p, a, m = input_of_a_recomputation()
+    resident = simulate(p, lower(p, [Eviction(m, 2, 4, R), Retain(a, 4)]))
+    sched = lower(p, [Eviction(m, 2, 4, R), Retain(a, 4, swap=True)])
+    sim = simulate(p, sched)
+    assert sched.recomputed_nodes() == [1] and sim.recompute_s == 1.0
+    assert sim.peak_bytes == 50 < resident.peak_bytes == 60   # C2 m+y, as with no retention at all
+    ops = [(i.op, i.arg) for i in sched]
+    computes = [k for k, (op, arg) in enumerate(ops) if op == Op.COMPUTE]
+    assert ops[computes[0] + 1] == (Op.SWAP_OUT, a)                    # copied out right after fa
+    frees = [k for k, (op, arg) in enumerate(ops) if op == Op.FREE and arg == a]
+    assert len(frees) == 2 and computes[1] < frees[0] < computes[2]   # freed after fm, its last use
+    swap_in = ops.index((Op.SWAP_IN, a))
+    wait = ops.index((Op.WAIT, a))
+    recompute = computes[4]                                            # fm again, for fo
+    assert ops[recompute] == (Op.COMPUTE, 1) and frees[0] < swap_in < wait < recompute < frees[1] < computes[5]
+    assert sched.meta["swap_retained"] == [[a, 4]] and "retained" not in sched.meta
+    # issued after a later position: the copy stalls, the schedule is otherwise the same
+    late = lower(p, [Eviction(m, 2, 4, R), Retain(a, 4, swap=True, prefetch_after=3)])
+    assert [(i.op, i.arg) for i in late].index((Op.SWAP_IN, a)) > computes[3]
+
+
+def test_bad_swapped_retentions_say_what_to_change():
+    from libra_opt.passes.lowering import Retain
+
+    p, a, m = input_of_a_recomputation()
+    with pytest.raises(ScheduleError, match="once swapped and once resident"):
+        lower(p, [Retain(a, 4), Retain(a, 3, swap=True)])
+    with pytest.raises(ScheduleError, match="swapped back twice"):
+        lower(p, [Retain(a, 3, swap=True), Retain(a, 4, swap=True)])
+    with pytest.raises(ScheduleError, match="prefetch_after=2 needs swap=True"):
+        lower(p, [Retain(a, 4, prefetch_after=2)])
+    with pytest.raises(ScheduleError, match="prefetch_after=4 needs"):
+        lower(p, [Retain(a, 4, swap=True, prefetch_after=4)])
+    # a view is never swapped, and a storage read again later cannot be swapped after one tensor's last use
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (c,) = b.op("fc", [x], [("c", 10)], time_s=1)
+    (cv,) = b.op("view", [c], [("cv", 0, c)], time_s=0.5)
+    (u,) = b.op("fu", [c], [("u", 20)], time_s=1)
+    (v,) = b.op("fv", [u], [("v", 20)], time_s=1)
+    (w,) = b.op("fw", [cv, v], [("w", 4)], time_s=1)
+    (o,) = b.op("fo", [w], [("o", 4)], time_s=1)
+    q = b.build(outputs=[o])
+    with pytest.raises(ScheduleError, match="it is a view"):
+        lower(q, [Retain(cv, 5, swap=True)])
+    with pytest.raises(ScheduleError, match="used again at position 4"):
+        lower(q, [Retain(c, 4, swap=True)])
 
 
 # ------------------------------------------------------------ early regeneration

@@ -40,7 +40,10 @@ The rules (shared by the ``libra`` solver and the baselines):
 - A :class:`Retain` keeps a tensor resident after its last use, through a
   later position, so that the recomputation chains running before that
   position read it instead of regenerating it (and everything it needs)
-  again: Checkmate's S matrix holding a value across stages.
+  again: Checkmate's S matrix holding a value across stages.  A *swapped*
+  retention (``Retain(swap=True)``) holds it on the host instead: copied out
+  when produced, freed after its last use, swapped back in (prefetched as for
+  a swap window ending at ``until``) for the chain, and freed after it.
 
 Sources: Checkmate's plan generation (Jain et al., MLSys 2020, sec. 4.5) for
 recomputation with freeing, and Libra (Wang, NTHU 2024) for the hybrid
@@ -125,10 +128,25 @@ class Retain:
     ``until`` (it is freed after node ``until`` runs, or, where that node does
     not read it, right after the chain before it), for the recomputation
     chains that run before nodes up to ``until``.  Costs ``nbytes`` of its
-    storage over the extra positions; saves regenerating it there."""
+    storage over the extra positions; saves regenerating it there.
+
+    ``swap=True`` (a *swapped retention*): instead of staying resident, the
+    tensor is copied to the host right after it is produced, freed after its
+    last use, and swapped back in (prefetched by the lowering's rule, as for
+    a swap window that ends at ``until``) for the chain before node
+    ``until``, which reads it there; it is freed after that chain.  Costs a
+    copy each way and its bytes only from the swap-in to the chain (the
+    hybrid MILP's plans: an input of a recomputation swapped out after its
+    last use and brought back for the recomputation).  Only a storage's base
+    whose storage has no use after the tensor's last use.  ``prefetch_after``
+    (with ``swap`` only): issue its swap-in right after this position
+    (``last use < prefetch_after < until``) instead of by the prefetch rule,
+    as :attr:`Eviction.prefetch_after`."""
 
     tensor: int
     until: int
+    swap: bool = False
+    prefetch_after: int | None = None
 
 
 def storage_uses(problem: RematProblem) -> dict[int, list[int]]:
@@ -179,6 +197,8 @@ class _Lowerer:
         self.prefetch = prefetch
         self.windows: dict[int, list[Eviction]] = {}
         self.until: dict[int, int] = {}    # retained tensor -> last position it stays resident
+        self.swap_retained: set[int] = set()   # retained tensors swapped out until their chain (Retain.swap)
+        self.swap_prefetch: dict[int, int] = {}   # swapped retention -> its Retain.prefetch_after
         uses = tab.uses
         for ev in evictions:
             if isinstance(ev, Retain):
@@ -211,6 +231,9 @@ class _Lowerer:
                     raise ScheduleError(f"retention of {self._n(t)} through position {u} overlaps the eviction "
                                         f"window ({ev.after}, {ev.before}) of its storage: a storage is either "
                                         f"evicted or retained there")
+        for t in self.swap_retained:   # a swapped retention: a swap window from the last use to the chain
+            self.windows.setdefault(t, []).append(Eviction(t, self._last[t], self.until[t], Policy.SWAP,
+                                                           prefetch_after=self.swap_prefetch.get(t)))
         for s, ws in self.windows.items():
             ws.sort(key=lambda e: e.after)
             for a, b in zip(ws, ws[1:]):
@@ -249,6 +272,27 @@ class _Lowerer:
         if not self._last[t] < r.until < self.p.num_nodes:
             raise ScheduleError(f"retention of {self._n(t)}: need last use ({self._last[t]}) < until < "
                                 f"{self.p.num_nodes}, got until={r.until}")
+        if r.swap or t in self.swap_retained:
+            s = self._storage[t]
+            if t in self.until and not (r.swap and t in self.swap_retained):
+                raise ScheduleError(f"{self._n(t)} is retained twice, once swapped and once resident: a storage "
+                                    f"is either swapped or resident after its last use")
+            if r.swap and t in self.swap_retained and self.until[t] != r.until:
+                raise ScheduleError(f"{self._n(t)} is swapped back twice (for positions {self.until[t]} and "
+                                    f"{r.until}): a swapped retention brings it back once; give one Retain")
+            if s != t:
+                raise ScheduleError(f"cannot retain {self._n(t)} by a swap: it is a view, and views are never "
+                                    f"swapped; retain its base {self._n(s)}")
+            if self.p.tables.uses[s][-1] != self._last[t]:
+                raise ScheduleError(f"cannot retain {self._n(t)} by a swap: its storage is used again at "
+                                    f"position {self.p.tables.uses[s][-1]}, after the tensor's last use "
+                                    f"({self._last[t]})")
+            self.swap_retained.add(t)
+        if r.prefetch_after is not None:
+            if not r.swap or not self._last[t] < r.prefetch_after < r.until:
+                raise ScheduleError(f"retention of {self._n(t)}: prefetch_after={r.prefetch_after} needs swap=True "
+                                    f"and last use ({self._last[t]}) < prefetch_after < until ({r.until})")
+            self.swap_prefetch[t] = r.prefetch_after
         self.until[t] = max(r.until, self.until.get(t, -1))
 
     # ------------------------------------------------------------- prefetch
@@ -352,6 +396,10 @@ class _Lowerer:
                 touched = None
             if i in retain_end:   # kept only for the chain before node i: freed once it has run
                 for t in retain_end[i]:
+                    if t in arriving:   # swapped back for a chain that did not read it: land it, then free it
+                        append(Wait(t))
+                        arriving.discard(t)
+                        live.add(t)
                     if t in live and t not in ins and freeable[t] and not self._defer_base(t):
                         append(free_instr[t])
                         live.discard(t)
@@ -538,9 +586,10 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
     Schedule
         ``meta["evictions"]`` records the decisions as ``[storage, after,
         before, policy]`` lists, ``meta["early"]`` the early regenerations as
-        ``[storage, before, tensors]``, ``meta["retained"]`` the retentions
-        as ``[tensor, until]`` and ``meta["out_waits"]`` the swaps that wait
-        for their copy out as ``[storage, out_wait]`` (these three only when
+        ``[storage, before, tensors]``, ``meta["retained"]`` the resident
+        retentions and ``meta["swap_retained"]`` the swapped ones as
+        ``[tensor, until]``, and ``meta["out_waits"]`` the swaps that wait
+        for their copy out as ``[storage, out_wait]`` (these four only when
         there are any).
 
     Raises
@@ -548,7 +597,10 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
     ScheduleError
         A window contains a use, windows overlap, an ``out_wait`` is not
         inside a swap's window, a storage holds a step output, a retention does not end after the tensor's last use or names
-        a tensor that is never freed, or a recomputation chain reaches a
+        a tensor that is never freed, a swapped retention names a view or a
+        tensor whose storage is read after its last use (or the tensor is
+        also retained resident, or its ``prefetch_after`` is not between its
+        last use and ``until``), or a recomputation chain reaches a
         non-recomputable node whose output has no host copy.
     """
     evictions = list(evictions)
@@ -558,9 +610,12 @@ def lower(problem: RematProblem, evictions: Iterable[Eviction | Retain], *, pref
     early = [[e.storage, e.before, list(e.regenerate)] for e in evictions if isinstance(e, Eviction) and e.regenerate]
     if early:
         sched.meta["early"] = early
-    retained = [[r.tensor, r.until] for r in evictions if isinstance(r, Retain)]
+    retained = [[r.tensor, r.until] for r in evictions if isinstance(r, Retain) and not r.swap]
     if retained:
         sched.meta["retained"] = retained
+    swapped = [[r.tensor, r.until] for r in evictions if isinstance(r, Retain) and r.swap]
+    if swapped:
+        sched.meta["swap_retained"] = swapped
     out_waits = [[e.storage, e.out_wait] for e in evictions if isinstance(e, Eviction) and e.out_wait is not None]
     if out_waits:
         sched.meta["out_waits"] = out_waits

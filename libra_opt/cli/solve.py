@@ -130,6 +130,9 @@ def run(args: argparse.Namespace) -> int:
             for r in result.extras.get("retained", ()):
                 print(f"  retained {r['name']} ({format_bytes(r['nbytes'])}) past its last use through node "
                       f"{problem.nodes[r['until']].name}, for the recomputation chain there")
+            for r in result.extras.get("swap_retained", ()):
+                print(f"  swapped {r['name']} ({format_bytes(r['nbytes'])}) out after its last use and back in "
+                      f"before node {problem.nodes[r['until']].name}, for the recomputation chain there")
     if args.output:
         result.schedule.save(args.output)
         print(f"plan:     {args.output}")

@@ -211,6 +211,10 @@ class FinishedPlan:
         Moves added against the simulated timeline.
     snapshot : Snapshot
         The snapshot it was finished from.
+    swap_retained : tuple of Retain
+        Swapped retentions the last pass added to the timeline's plan
+        (``solvers/libra/swap_inputs.py``; ``schedule`` and ``simulation``
+        include them, ``timeline`` does not); empty where none.
     """
     schedule: object
     simulation: object
@@ -219,6 +223,7 @@ class FinishedPlan:
     undone: int
     repairs: int
     snapshot: Snapshot
+    swap_retained: tuple = ()
 
 
 class HasProblem(Protocol):

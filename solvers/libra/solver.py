@@ -134,6 +134,7 @@ from .estimate import SWAP
 from .records import FinishedPlan, Prepared, Snapshot
 from .refine import OneMoveRefiner, Refiner
 from .reverse import ReverseRefiner
+from .swap_inputs import swap_chain_inputs
 from .switch import switch_policies
 from ..registry import register_solver, solver_class
 from ..result import FEASIBLE, TIME_LIMIT, RawSolution, SolveResult
@@ -304,6 +305,16 @@ class LibraOptions:
         (``random_layered_n100`` with copies 4x slower than compute at 0.7
         of its peak: a step of 83,347 without it, 51,920 with it, the
         compute time being 47,769).
+    swap_inputs : bool
+        Hybrid mode only: a last pass on the plan returned
+        (:mod:`~libra_opt.solvers.libra.swap_inputs`): a recomputation chain
+        that regenerates inputs freed after their last use is cut where the
+        simulated step falls within the budget: the inputs at the cut are
+        copied out when produced and swapped back in for the chain (a
+        :class:`~libra_opt.passes.lowering.Retain` with ``swap=True``;
+        ``extras["swap_retained"]``, and ``extras["descent"]`` ends in
+        ``"+swapped inputs"``).  Lowers and simulates at most
+        ``swap_inputs.MAX_LOWERINGS`` plans per budget.
     """
 
     policy: str = "hybrid"
@@ -322,6 +333,7 @@ class LibraOptions:
     portfolio: bool = True
     switch: bool = True
     continue_recompute: bool = True
+    swap_inputs: bool = True
 
     def __post_init__(self):
         if self.policy not in POLICY_MODES:
@@ -1427,7 +1439,23 @@ class LibraSolver(Solver):
                                    below=best.plan.simulation.added_s)
             if found is not None and found.plan.simulation.added_s < best.plan.simulation.added_s:
                 best = found
+        if best is not None and self.options.policy == "hybrid" and self.options.swap_inputs:
+            best = self._inputs_swapped(best, budget)
         return best
+
+    @staticmethod
+    def _inputs_swapped(found: _Found, budget: int) -> _Found:
+        """``found`` with its recomputation chains cut by swapped retentions
+        (:func:`~libra_opt.solvers.libra.swap_inputs.swap_chain_inputs`)
+        where that simulates cheaper within ``budget`` (bytes): tagged
+        ``"+swapped inputs"``; ``found`` itself otherwise."""
+        plan = found.plan
+        tl = plan.timeline
+        got = swap_chain_inputs(tl.problem, tl.plan(), plan.schedule, plan.simulation, budget)
+        if not got.taken:
+            return found
+        plan = dataclasses.replace(plan, schedule=got.schedule, simulation=got.simulation, swap_retained=got.taken)
+        return _Found(plan, found.descent, found.tag + "+swapped inputs")
 
     def _first_met(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int) -> _Found | None:
         """:meth:`_finished` for a caller that asks only whether ``budget``
@@ -1530,7 +1558,10 @@ class LibraSolver(Solver):
         tensors = plan.timeline.problem.tensors
         retained = [dict(tensor=r.tensor, name=tensors[r.tensor].name, until=r.until,
                          nbytes=int(tensors[tensors[r.tensor].storage].nbytes)) for r in plan.timeline.retentions()]
-        extras = dict(decisions=decisions, retained=retained, estimated_peak_bytes=int(est_peak),
+        swapped = [dict(tensor=r.tensor, name=tensors[r.tensor].name, until=r.until,
+                        nbytes=int(tensors[r.tensor].nbytes), prefetch_after=r.prefetch_after)
+                   for r in plan.swap_retained]
+        extras = dict(decisions=decisions, retained=retained, swap_retained=swapped, estimated_peak_bytes=int(est_peak),
                       estimated_added_s=float(plan.timeline.added_s()), steps=plan.snapshot.step,
                       undone=plan.undone, repairs=plan.repairs, policy=self.options.policy, descent=descent)
         sched = plan.schedule

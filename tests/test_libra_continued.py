@@ -65,9 +65,10 @@ def test_a_continued_descent_needs_a_finished_recompute_only_source():
 
 def test_just_under_the_recompute_reach_the_plan_keeps_recomputing():
     """``random_layered_graph(100, seed=0)`` with copies 4x slower than compute, 0.5% under the
-    recompute-only reach: without the continued descent the solve's plan swaps most of what it
-    evicts (over 3x the compute time); with it the plan recomputes and swaps a little, at under
-    half that, within the budget."""
+    recompute-only reach: without the continued descent the solve's plan waits for copies out
+    (1.5x the compute time; it swapped most of what it evicted, 3.8x, before the descents' estimate
+    counted the bytes retained for a chain where a move is evaluated); with it the plan recomputes
+    and swaps a little, at under 0.8 of that, within the budget."""
     p = with_bandwidth(G.random_layered_graph(100, seed=0), 4.0)
     budget = int(0.995 * _reach(p))
     on = solve(p, budget, "libra")
@@ -78,7 +79,7 @@ def test_just_under_the_recompute_reach_the_plan_keeps_recomputing():
     off = solve(p, budget, "libra", continue_recompute=False)
     _fits(p, off)
     assert not off.extras["descent"].startswith("hybrid-continued")
-    assert on.time_s < 0.5 * off.time_s, (on.time_s, off.time_s)
+    assert on.time_s < 0.8 * off.time_s, (on.time_s, off.time_s)
 
 
 def test_where_a_descent_meets_the_budget_every_recompute_only_end_is_continued():

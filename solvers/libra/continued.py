@@ -4,21 +4,22 @@ Just under the least memory recomputation alone reaches, the hybrid
 portfolio's descents start from the keep-everything plan: the hybrid one
 swaps early and stalls out above the budget, and the descents that wait
 for copies out meet it by swapping most of what they evict, paying the
-copies (``random_layered_n100`` with copies 4x slower than compute, at 0.7
-of its peak, recompute-only reach 0.713: 0.74 of the compute time added).
+copies (``random_layered_graph(100, seed=0)`` with copies 4x slower than
+compute, at 0.995 of the recompute-only reach, 0.692 of its peak: 0.50 of
+the compute time added, waiting for copies out).
 The plan a budget just under that reach wants is the recompute-only plan
 with a few swaps on top: :class:`ContinuedRefiner` is a hybrid descent that
 starts where a recompute-only descent of the same solve ended (its
 timeline, decision records, step and evaluation counts), so every further
-move may swap or recompute (the same example: 0.09 of the compute time
+move may swap or recompute (the same example: 0.089 of the compute time
 added).
 
 ``LibraSolver._continued`` runs one from the lowest recompute-only end
 for the budgets no recompute-only descent reaches, and, where some descent
 of the solve meets the budget, one from each other end too (different
 ends lead to different swaps: ``random_layered_graph(100, seed=2)`` with
-copies as slow as compute, at 0.9 of its recompute-only reach, 125,992 ->
-67,708 against the solve without them).
+copies as slow as compute, at 0.9 of its recompute-only reach, 120,312 ->
+67,444 against the solve without them).
 
 Source: Libra (Wang, NTHU 2024), greedy refinement with a hybrid
 recompute / swap policy, here started from a recompute-only descent's end

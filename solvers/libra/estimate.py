@@ -363,7 +363,8 @@ class Timeline:
         newws = pt.newws
         for q, ch in chains.items():
             cq = int(C[q]) + dCq[q]
-            new_m = max(cq, cq - int(newws[q]) + _chain_rise(ch) + int(H[q]))
+            held_q = chain_held_bytes(pt, st, q) if ch is not None else 0   # as _set_chain counts it
+            new_m = max(cq, cq - int(newws[q]) + _chain_rise(ch) + held_q + int(H[q]))
             old_m = max(int(C[q]), int(C[q] + regen_off[q] + H_old[q]))
             if new_m > old_m and new_m > raised_max:
                 raised_max, raised_at = new_m, q
@@ -381,7 +382,7 @@ class Timeline:
             c += -int(wt.w_bytes[j]) if policy == REC else int(wt.w_bytes[j])
         if i in eff.chains:
             ch = eff.chains[i]
-            off = _chain_rise(ch) - int(self.tables.newws[i])
+            off = _chain_rise(ch) - int(self.tables.newws[i]) + (chain_held_bytes(self.tables, st, i) if ch else 0)
         else:
             off = int(st.regen_off[i])
         held = eff.swap.held if eff.swap is not None else st.swap.held

@@ -301,10 +301,11 @@ class LibraOptions:
         ``"hybrid-continued"``); where some descent meets the budget, one
         continued from each other recompute-only end too.  Just under that
         reach, with copies slower than compute, the descents from the
-        keep-everything plan swap most of what they evict
-        (``random_layered_n100`` with copies 4x slower than compute at 0.7
-        of its peak: a step of 83,347 without it, 51,920 with it, the
-        compute time being 47,769).
+        keep-everything plan swap most of what they evict or wait for
+        their copies out (``random_layered_graph(100, seed=0)`` with copies
+        4x slower than compute at 0.995 of the recompute-only reach: a step
+        of 81,762 without it, 59,250 with it, the compute time being
+        54,394).
     swap_inputs : bool
         Hybrid mode only: a last pass on the plan returned
         (:mod:`~libra_opt.solvers.libra.swap_inputs`): a recomputation chain
@@ -738,9 +739,9 @@ class LibraSolver(Solver):
         (:class:`~libra_opt.solvers.libra.continued.ContinuedRefiner`; the
         first descent's on a tie): the recompute-only plan with swaps on top,
         which the descents from the keep-everything plan miss just under
-        recomputation's reach (``random_layered_n100`` with copies 4x slower
-        than compute, at 0.7 of its peak: 83,347 -> 51,920, the compute time
-        being 47,769).  With ``cheaper`` (not for the tightening, which only
+        recomputation's reach (``random_layered_graph(100, seed=0)`` with
+        copies 4x slower than compute, at 0.995 of that reach: 81,762 ->
+        59,250, the compute time being 54,394).  With ``cheaper`` (not for the tightening, which only
         asks which budgets are met), for the budgets some descent of the
         solve meets (``ran``, ``ran_snaps``: every descent so far and their
         snapshots, and the first continued one), one continued from each

@@ -389,20 +389,22 @@ def test_estimate_matches_the_simulator_with_early_regeneration(seed):
 
 
 def test_early_regeneration_on_a_single_phase_graph():
-    """On a random layered graph (Gagrani et al.; seed 0) at 0.85, regenerating a storage before
+    """On a random layered graph (Gagrani et al.; seed 0) at 0.8, regenerating a storage before
     the peak instead of at its use (where its chain would make a new peak) gives the descent a
-    cheaper plan; at 0.8 the descent still plans."""
+    cheaper plan; at 0.7 the descent still plans.  (At 0.85, where this was first seen, the finish's
+    retained inputs give the plan without it 1,773 since they trim the retentions no chain reads,
+    under the 3,173 with it.)"""
     p = random_layered_graph(100, seed=0)
     plain = dict(policy="recompute", exchange=False, portfolio=False, retain_inputs=False)   # the descent alone
-    off = solve(p, 0.85, early=False, **plain)
-    on = solve(p, 0.85, **plain)
+    off = solve(p, 0.8, early=False, **plain)
+    on = solve(p, 0.8, **plain)
     assert_valid(p, off)
     assert_valid(p, on)
     assert on.schedule.meta.get("early") and not off.schedule.meta.get("early")
     assert any("regenerated early" in d["detail"] for d in on.extras["decisions"])
     assert on.added_s < off.added_s
-    assert solve(p, 0.85, policy="recompute").added_s <= on.added_s   # exchanges and the portfolio only help
-    assert_valid(p, solve(p, 0.8, policy="recompute"))
+    assert solve(p, 0.8, policy="recompute").added_s <= on.added_s   # exchanges and the portfolio only help
+    assert_valid(p, solve(p, 0.7, policy="recompute"))
 
 @pytest.mark.parametrize("n,seed,frac,policy", [(100, 0, 0.8, "recompute"), (120, 2, 0.7, "recompute"),
                                                 (100, 0, 0.5, "hybrid")])

@@ -1,5 +1,5 @@
 """The undo pass of the ``libra`` solver (``solvers/libra/tidy.py``): decisions a budget does not need are
-undone, the swaps that add no time in batches."""
+undone, the swaps that add no time in batches; and its retained-inputs pass, which trims the retentions no chain reads any more."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -61,3 +61,29 @@ def test_the_undo_pass_leaves_only_decisions_the_budget_needs(name, frac, monkey
     if name.startswith("h100"):
         sim = simulate(p, lower(p, tl.plan()))
         assert sim.peak_bytes <= budget * 1.02   # the estimate; the finish step repairs the rest
+
+
+def test_a_retention_that_cuts_a_chain_short_frees_those_retained_for_it(monkeypatch):
+    """``random_layered_graph(30, seed=2)`` with copies 4x slower than compute, at 0.7 of its peak:
+    keeping n11, regenerated for the chain before n21, for the chain before n22 too leaves that
+    chain without reads of the n2, n6, n7 retained for it; their retentions end at n21's chain or
+    go (``tidy._trim_retentions``), so n11's fits.  The plan is cheaper than without the trimming,
+    within the budget, and every retention ends at a chain that reads it."""
+    from _devices import with_bandwidth
+    from libra_opt.solvers import solve
+    from libra_opt.solvers.libra.swap_inputs import chains
+
+    p = with_bandwidth(G.random_layered_graph(30, seed=2), 4.0)
+    budget = int(0.7 * no_remat_peak(p))
+    trimmed = solve(p, budget, "libra")
+    monkeypatch.setattr(tidy, "_trim_retentions", lambda tl: [])
+    kept_all = solve(p, budget, "libra")
+    for r in (trimmed, kept_all):
+        assert simulate(p, r.schedule).peak_bytes <= budget
+    assert trimmed.time_s < kept_all.time_s, (trimmed.time_s, kept_all.time_s)
+    kept = {t: q for t, q in trimmed.schedule.meta["retained"]}
+    assert p.tables.t_last_read[11] < kept.get(11, -1)   # kept past its last use, for a later chain
+    # each retention ends at a chain that reads it: one of the nodes recomputed right before node `until`
+    by_node = {ch.before: ch.nodes for ch in chains(p, trimmed.schedule)}
+    for t, q in kept.items():
+        assert any(t in p.nodes[x].inputs for x in by_node.get(q, ())), (t, q, by_node.get(q))

@@ -623,8 +623,13 @@ class Timeline:
         ValueError
             ``until`` is not after the tensor's last use, or a window of its
             storage ends after that last use."""
+        was = self.state.t_until.get(t)
         pts = reshape.retain(self.tables, self.state, t, until)
         if replay:
-            for q in pts:
+            # the chains at the retention's old and new end too, read or not: the bytes held only for a
+            # chain (reshape.chain_held_bytes) are counted in its memory (``regen_off``)
+            chains = self.state.chains
+            ends = {x for x in (was, until) if x is not None and chains.get(x) is not None}
+            for q in sorted(ends.union(pts)):
                 self._set_chain(q, chain_at(self.tables, self.windows, self.state, q))
         self.state.version += 1

@@ -444,6 +444,7 @@ def test_early_regeneration_bound_holds_and_skipping_changes_no_plan(monkeypatch
 
 @pytest.mark.parametrize("kind,n,frac,policy", [("large_beside_small", 100, 0.5, "recompute"),
                                                 ("random_layered", 100, 0.8, "recompute"),
+                                                ("random_layered", 100, 0.7, "recompute"),
                                                 ("gpt2-tiny-b2-s32-cpu", 0, 0.8, "hybrid"),
                                                 ("gpt2-tiny-b2-s32-cpu", 0, 0.7, "swap")])
 def test_exchange_twins_taken_from_the_plain_descent_are_the_descents_run_again(monkeypatch, kind, n, frac,

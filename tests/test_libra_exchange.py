@@ -102,6 +102,39 @@ def test_exchange_covers_the_budget_with_cheaper_recomputes():
     assert len(r.extras["decisions"]) < len(plain.extras["decisions"])
 
 
+def test_an_exchange_may_raise_a_chain_point_over_the_current_peak(monkeypatch):
+    """random_layered_graph(100, seed=0), recompute-only at 0.7 of its peak: the exchange that gives
+    back window 12 reaches a dead end (every candidate raises a point over the current peak); it then
+    retains input 8 for the chain before node 17, which raises that point over the peak it has
+    reached but not over the one it started from, and a later step takes it down
+    (``exchange._descend_local``'s ``ceiling``).  With the current peak as the limit at dead ends too,
+    no exchange saves time there."""
+    from libra_opt.solvers.libra import exchange as X
+
+    p = G.random_layered_graph(100, seed=0)
+    plain = solve(p, 0.7, "libra", policy="recompute", exchange=False)
+    r = solve(p, 0.7, "libra", policy="recompute")
+    assert_fits(p, r)
+    assert r.added_s < plain.added_s, (r.added_s, plain.added_s)
+    assert any(d["reason"] == "exchange" for d in r.extras["decisions"])
+    descend = X._descend_local
+
+    def at_the_current_peak(*a, **kw):   # no raised point over the peak a step starts from
+        evaluate = a[0].evaluate
+
+        def under_peak(tl, j, q, peak, limit, costs):
+            return evaluate(tl, j, q, peak, peak if limit is not None else None, costs)
+        a[0].evaluate = under_peak
+        try:
+            return descend(*a, **kw)
+        finally:
+            del a[0].evaluate
+    monkeypatch.setattr(X, "_descend_local", at_the_current_peak)
+    strict = solve(p, 0.7, "libra", policy="recompute")
+    assert_fits(p, strict)
+    assert r.added_s < strict.added_s, (r.added_s, strict.added_s)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_early_regeneration_read_by_another(seed):
     """A producer regenerated at its middle use and kept for a later regeneration of the large

@@ -9,7 +9,10 @@ budget needs would have cost less, and the undo pass cannot find them (it only
 removes decisions).  An *exchange* undoes one decision (the budget is then
 exceeded), forbids it, and descends again from there, on a copy of the
 timeline, to the budget (each step the best ratio at the current peak, every
-raised point kept under that peak, as in the descent), then runs the undo pass;
+raised point kept under that peak, as in the descent; at a dead end, under
+the peak the local descent started from: a step may then raise another point
+over the current peak, which a later step takes down), then runs the undo
+pass;
 it is kept where the estimated added time goes down.  Each local descent
 is run twice: taking the best ratio at each step, and *finish first*: where
 candidates alone take the peak down to the budget (the budget is a
@@ -135,14 +138,17 @@ def _undo(ref: Evaluator, tl: Timeline, records: dict, budget: int) -> None:
 class _Fork(NamedTuple):
     """Where a plain local descent first met candidates that alone take the
     peak down to the budget: the state before that step's move (a copy),
-    the peak there and the finishers' windows (cheapest first).  A
-    finish-first descent from the same start takes the same steps up to
-    there, and departs from it only there."""
+    the peak there, the finishers' windows (cheapest first) and the limit
+    their raised points were evaluated under (``peak``, or the descent's
+    ceiling where no candidate was admissible under it).  A finish-first
+    descent from the same start takes the same steps up to there, and
+    departs from it only there."""
     timeline: Timeline
     records: dict
     p: int
     peak: int
     finishers: list
+    limit: int
 
 
 class _Trace:
@@ -156,11 +162,14 @@ class _Trace:
     evaluation count reached; ``"none"``: no move left; ``"steps"``: its
     steps spent) and its plan before the undo pass (``result``, a copy, set
     by :func:`exchange`: the twin whose window ends stay as they were
-    starts where the plain one did and reaches it, :func:`_replayed`)."""
+    starts where the plain one did and reaches it, :func:`_replayed`) and
+    ``ceiling``, the limit of its moves' raised points at a dead end (its
+    first peak), which the finish-first twin resumed from the fork keeps."""
 
-    __slots__ = ("evals", "fork", "fork_at", "end", "result")
+    __slots__ = ("evals", "fork", "fork_at", "end", "result", "ceiling")
 
     def __init__(self):
+        self.ceiling: int | None = None   # the peak the plain descent started from (its raised points' limit)
         self.evals: list[int] = []
         self.fork: _Fork | None = None
         self.fork_at = 0
@@ -170,11 +179,21 @@ class _Trace:
 
 def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, budget: int, banned: set,
                    finish_first: bool = False, max_evals: int | None = None, steps: int = MAX_STEPS,
-                   trace: _Trace | None = None) -> tuple[Timeline, dict] | None:
+                   trace: _Trace | None = None, ceiling: int | None = None) -> tuple[Timeline, dict] | None:
     """Greedy steps from ``tl`` (changed in place) until its estimated peak is
     within ``budget``: at the peak, the candidate (not in ``banned``) with the
     best bytes removed per added second whose raised points stay under the
-    peak (options ordered by ``costs``).  With ``finish_first``, where candidates alone take the peak down
+    peak (options ordered by ``costs``); at a dead end (no such candidate),
+    the candidates again with their raised points under ``ceiling`` (bytes;
+    ``None``: the peak at the first step), which may be over the current
+    peak: a later step can take that point down.  ``random_layered_graph(100,
+    seed=0)`` recompute-only at 0.7 of its peak: an exchange gives back
+    window 12, and the local descent, at a dead end, retains input 8 for the
+    chain before node 17 (raising it to 27,100 bytes over a peak of 26,450,
+    under the 27,260 it started from), then recomputes windows 18 and 3:
+    3,884 s added, where without the ceiling no exchange saved time (4,856,
+    the plan without exchanges).  The steps are bounded (``steps``,
+    ``max_evals``).  With ``finish_first``, where candidates alone take the peak down
     to the budget (the budget is a knapsack-cover constraint: the best ratio
     can overshoot it), the :data:`MAX_FINISHERS` cheapest of them are each
     taken on a copy followed by the undo pass, and the cheapest result kept
@@ -193,26 +212,35 @@ def _descend_local(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: di
         m = tl.memory()
         p = int(np.argmax(m))
         peak = int(m[p])
+        if ceiling is None:
+            ceiling = peak
+            if trace is not None:
+                trace.ceiling = ceiling
         if peak <= budget:
             if trace is not None:
                 trace.end = "start"
             return tl, records
-        best, fins = None, []
         e0 = ref.evals
-        for j in _ranked(ref, costs, tl, p, banned):
-            mv = ref.evaluate(tl, j, p, peak, peak, costs)
-            if mv is None:
-                continue
-            if best is None or mv.score > best.score:
-                best = mv
-            if (finish_first or trace is not None) and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
-                fins.append(_Closer(mv.removed / mv.score, j, mv))
+        ranked = _ranked(ref, costs, tl, p, banned)
+        for limit in (peak, ceiling) if ceiling > peak else (peak,):   # the ceiling only at a dead end
+            best, fins = None, []
+            for j in ranked:
+                mv = ref.evaluate(tl, j, p, peak, limit, costs)
+                if mv is None:
+                    continue
+                if best is None or mv.score > best.score:
+                    best = mv
+                if (finish_first or trace is not None) and peak - mv.removed <= budget and mv.eff.raised_max <= budget:
+                    fins.append(_Closer(mv.removed / mv.score, j, mv))
+            if best is not None:
+                break
         if trace is not None:
             trace.evals.append(ref.evals - e0)
             if fins and trace.fork is None:
                 trace.fork_at = len(trace.evals)
                 trace.fork = _Fork(tl.copy(), dict(records), p, peak,
-                                   [c.window for c in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]])
+                                   [c.window for c in sorted(fins, key=lambda f: (f.cost_s, f.window))[:MAX_FINISHERS]],
+                                   limit)
         if finish_first and fins:
             tl, records = _finish_step(ref, tl, records, budget, p, peak, fins)
             continue
@@ -259,12 +287,12 @@ def _finish_first_from(ref: Evaluator, costs: OptionCosts, trace: _Trace, budget
     counted = ref.evals
     fins = []
     for j in fork.finishers:
-        mv = ref.evaluate(fork.timeline, j, fork.p, fork.peak, fork.peak, costs)
+        mv = ref.evaluate(fork.timeline, j, fork.p, fork.peak, fork.limit, costs)
         fins.append(_Closer(mv.removed / mv.score, j, mv))
     ref.evals = counted
     tl, records = _finish_step(ref, fork.timeline, fork.records, budget, fork.p, fork.peak, fins)
     return _descend_local(ref, costs, tl, records, budget, banned, True, max_evals,
-                          steps=MAX_STEPS - trace.fork_at)
+                          steps=MAX_STEPS - trace.fork_at, ceiling=trace.ceiling)
 
 
 def _counted(ref: Evaluator, evals: list[int], max_evals: int) -> bool:

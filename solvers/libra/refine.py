@@ -36,6 +36,11 @@ from .records import FinishedPlan, Merge, Move, OptionCosts, Prepared, RetainInp
 MAX_MERGES = 2
 #: most candidates evaluated exactly per refinement step before the best evaluated one is taken
 MAX_EVALS_PER_STEP = 48
+#: at a dead end (no candidate at the peak keeps every raised point under it), a step may raise points up to
+#: this much over the peak (relative), where the dead end's peak is under that of the last such step
+UPHILL_REL = 0.03
+#: such steps per descent at most
+UPHILL_STEPS = 4
 #: option columns: recompute, swap hidden behind compute, delayed swap, swap that waits for its copy out
 _O_REC, _O_HID, _O_LATE, _O_WAIT = 0, 1, 2, 3
 
@@ -93,6 +98,7 @@ class _Checkpoint(NamedTuple):
     bat_p: np.ndarray
     bmem: np.ndarray
     used_early: bool
+    uphill: tuple   # Refiner._up: the uphill steps' state (steps left, last dead end's peak, lowest dead end)
 
 
 class Refiner:
@@ -183,6 +189,9 @@ class Refiner:
         self.checkpoint_every: int | None = None
         self._checkpoints: list[_Checkpoint] = []
         self._peaks: list[int] = []
+        # uphill steps (_uphill): steps left, the peak of the last dead end one was taken at (None: none yet),
+        # and the lowest dead end met, (peak, timeline, records, option costs) copies, or None
+        self._up: tuple = (UPHILL_STEPS, None, None)
 
     #: checkpoints a descent keeps at most (their memory: a timeline copy each)
     MAX_CHECKPOINTS = 32
@@ -237,6 +246,9 @@ class Refiner:
                 break
             move = self._select(p, peak, m)
             if move is None:
+                move = self._uphill(p, peak, m)
+            if move is None:
+                self._settle()
                 self.done = True
                 break
             self._commit(move, p, peak)
@@ -267,7 +279,7 @@ class Refiner:
             cps[:] = [c for c in cps if c.snap.step % self.checkpoint_every == 0]
         if self.step % self.checkpoint_every == 0:
             cps.append(_Checkpoint(self._snapshot(peak), self.bat.copy(), self.bat_p.copy(), self.bmem.copy(),
-                                   self.used_early))
+                                   self.used_early, self._up))
 
     def rewind(self, budget: int) -> bool:
         """Put the descent back at its last checkpoint before the step at
@@ -300,6 +312,7 @@ class Refiner:
         self.costs = snap.caches.copy()
         self.step, self.evals, self.cut_short, self.done = snap.step, snap.evals, snap.cut_short, False
         self.bat, self.bat_p, self.bmem, self.used_early = cp.bat.copy(), cp.bat_p.copy(), cp.bmem.copy(), cp.used_early
+        self._up = cp.uphill
         self.bat_any = (self.bat >= 0).any(axis=1)
         self.eval_step[:] = -1   # (all before the checkpoint's step there: a selection's cache is its step's only)
         return True
@@ -397,6 +410,59 @@ class Refiner:
                 local[k] = mv.score
                 if fresh_best is None or mv.score > fresh_best.score:
                     fresh_best = mv
+
+    def _uphill(self, p: int, peak: int, mem: np.ndarray) -> Move | None:
+        """At a dead end (:meth:`_select` found no candidate at peak position
+        ``p`` whose raised points stay under ``peak``, bytes), a move whose
+        raised points stay under ``peak * (1 +`` :data:`UPHILL_REL` ``)``: it
+        lowers ``p`` and may raise another point over the peak, which later
+        steps take down.  Taken only while the dead end's peak is under that
+        of the last dead end one was taken at, at most :data:`UPHILL_STEPS`
+        times (so the descent ends); the lowest dead end is kept, and
+        :meth:`_settle` returns to it where the descent ends above it.
+        Candidates in order of their cached score bound, at most
+        :data:`MAX_EVALS_PER_STEP` evaluated (without the descent's caches:
+        :meth:`evaluate`), the best score taken.  Only with the ``uphill``
+        option (recompute-only mode; off by default: it finds lower budgets
+        at twice the time and more, ``LibraOptions``).
+
+        Why: a retained-inputs recomputation holds its inputs until its
+        chain, raising that chain's point; the descent stops where every
+        candidate does so over the peak (``random_layered_graph(1000, seed=0)``
+        recompute-only: its least plannable budget 0.7062 -> 0.6782 of the
+        peak; ``random_layered_graph(250, seed=0)`` 0.5655 -> 0.5341; the
+        same with 2 such steps at most: 0.6804 and 0.5352).
+        Source: a bounded uphill step out of a local minimum, as in tabu
+        search (Glover, ORSA J. Computing 1989); the exchange moves' local
+        descents take the same step at their dead ends
+        (``exchange._descend_local``)."""
+        left, mark, low = self._up
+        if not self.opts.uphill or left <= 0 or (mark is not None and peak >= mark):
+            return None
+        tl = self.tl
+        if low is None or peak < low[0]:
+            low = (peak, tl.copy(), dict(self.records), self.costs.copy())
+        idx = self.candidates(tl, p)
+        found = None
+        if len(idx):
+            bound = np.maximum(np.take(self.costs.cost, idx, axis=0).min(axis=1), self.eps)
+            key = np.where(np.isfinite(bound), tl.windows.w_bytes[idx] / bound, -np.inf)
+            limit = int(peak * (1 + UPHILL_REL))
+            for k in np.lexsort((idx, -key))[:MAX_EVALS_PER_STEP].tolist():
+                if key[k] == -np.inf:
+                    break
+                mv = self.evaluate(tl, int(idx[k]), p, peak, limit, self.costs)
+                if mv is not None and (found is None or mv.score > found.score):
+                    found = mv
+        self._up = (left - (found is not None), peak, low)
+        return found
+
+    def _settle(self) -> None:
+        """At the end of the descent, back to the lowest dead end
+        (:meth:`_uphill`) where the uphill steps after it ended higher."""
+        low = self._up[2]
+        if low is not None and self.tl.peak()[0] > low[0]:
+            self.tl, self.records, self.costs = low[1].copy(), dict(low[2]), low[3].copy()
 
     def _raised_points(self, idx: np.ndarray, p: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The cached raised points (``bat``) of windows ``idx`` that still

@@ -316,6 +316,24 @@ class LibraOptions:
         ``extras["swap_retained"]``, and ``extras["descent"]`` ends in
         ``"+swapped inputs"``).  Lowers and simulates at most
         ``swap_inputs.MAX_LOWERINGS`` plans per budget.
+    uphill : bool
+        Recompute-only mode only (ignored in the others): at a dead end of a
+        descent (every candidate at the peak raises another point over it),
+        a step that raises points up to ``refine.UPHILL_REL`` (3 %) over the
+        peak, while the dead ends get lower, at most ``refine.UPHILL_STEPS``
+        times (``Refiner._uphill``; the descent returns to its lowest dead
+        end where it ends above it).  Lower reach, slower solves under the
+        default's reach (2-core CPU): ``random_layered_graph(1000, seed=0)``,
+        least plannable budget 0.7062 -> 0.6782 of the peak, a solve at 0.5
+        of it (infeasible either way) 2.4 -> 3.8 CPU s, at 0.7 a plan (236,388
+        added) in 10.2 s where the default states 0.7062 in 2.8 s;
+        ``random_layered_graph(250, seed=0)`` 0.5655 -> 0.5341 (0.27 -> 0.43
+        s); the shared ``random_layered_n250`` 0.8251 -> 0.8101 (0.44 -> 0.73
+        s).  Off by default for that time.  In
+        hybrid and swap-only mode a descent past a dead end this way would
+        keep the fallback descents that swap and wait for copies out from
+        running at that budget, which find far cheaper plans there
+        (``apps.fuzz.random_problem(264)``: 1.3e-3 s added against 1.2e-8).
     """
 
     policy: str = "hybrid"
@@ -335,6 +353,7 @@ class LibraOptions:
     switch: bool = True
     continue_recompute: bool = True
     swap_inputs: bool = True
+    uphill: bool = False
 
     def __post_init__(self):
         if self.policy not in POLICY_MODES:
@@ -625,10 +644,13 @@ class LibraSolver(Solver):
 
     def _resolved(self, problem: RematProblem) -> LibraOptions:
         """The options with ``retain_inputs=None`` resolved for ``problem``'s
-        size (:attr:`RETAIN_INPUTS_MAX_NODES`)."""
+        size (:attr:`RETAIN_INPUTS_MAX_NODES`), and ``uphill`` off outside
+        recompute-only mode."""
         o = self.options
         if o.retain_inputs is None:
             o = dataclasses.replace(o, retain_inputs=problem.num_nodes <= self.RETAIN_INPUTS_MAX_NODES)
+        if o.uphill and o.policy != "recompute":
+            o = dataclasses.replace(o, uphill=False)
         return o
 
     def _fallbacks(self, problem: RematProblem, refs: list[Refiner], budgets: list[int],

@@ -532,7 +532,7 @@ def test_an_evaluation_predicts_the_memory_its_recomputation_leaves_at_its_chain
 @pytest.mark.parametrize("seed", range(6))
 def test_retentions_changed_in_any_order_leave_the_memory_a_fresh_timeline_gives(seed):
     """``Timeline.retain`` set, moved and dropped in a random order (retentions no chain reads
-    included, as ``tidy._trim_retentions`` leaves them for a moment) keeps the memory points exact:
+    included, as ``tidy.trim_retentions`` leaves them for a moment) keeps the memory points exact:
     they equal those of a fresh timeline given the same decisions, the bytes held only for a chain
     counted at that chain (the chains at a retention's old and new end are replayed)."""
     from libra_opt.frontend.generators import random_layered_graph
@@ -603,3 +603,29 @@ def test_estimate_parts_import_no_cycle():
             if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("libra_opt")):
                 bad = [a.name for a in node.names if a.name.startswith("_")]
                 assert not bad, f"{m}.py imports {bad} from {node.module}"
+
+
+def test_a_retained_input_freed_inside_its_chain_is_counted_there():
+    """The estimate counts a tensor retained only for a chain until the chain's step that reads it
+    last (``reshape.held_rise``), as the lowering frees it: on ``random_layered_graph(30, seed=0)``
+    the hybrid MILP's recompute-only plan (node 3's output regenerated before node 19 and kept for
+    the chain before node 21, which reads it at its first step; node 11's output regenerated there)
+    has the simulated peak as its estimated peak, and the chain's memory point is under what it
+    was with node 3 held through the chain."""
+    from libra_opt.frontend.generators import random_layered_graph
+
+    p = random_layered_graph(30, seed=0)
+    wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
+    tl = Timeline(p, wins)
+    for s in (3, 11):
+        (j,) = [j for j, (ws, _, _) in enumerate(wins) if ws == s]
+        tl.apply(j, REC)
+    tl.retain(1, 19)
+    tl.retain(3, 21)
+    assert tl.chain_held_bytes(21) > 0   # node 3's output is retained for the chain before node 21 alone
+    sched = lower(p, tl.plan())
+    sim = simulate(p, sched)
+    assert int(tl.memory().max()) == sim.peak_bytes
+    ch = tl.state.chains[21]
+    held_through = ch.peak_bytes - ch.kept_bytes + tl.chain_held_bytes(21)   # the rise held through the chain
+    assert int(tl.state.regen_off[21]) < held_through - int(tl.tables.newws[21])

@@ -299,3 +299,20 @@ def test_a_swap_refused_for_holding_its_storage_until_its_copy_out_ends_is_over_
                     full = t.evaluate(j, SWAP, floor=0)
                     assert full.raised_max > budget or not full.feasible or full.swap.total_stall_s > 0, (kind, j)
     assert refused > 0
+
+
+def test_a_switch_to_a_swap_trims_the_retentions_its_chain_no_longer_reads(monkeypatch):
+    """``random_layered_graph(30, seed=1)``, copies as fast as compute, 0.8 of the peak: the
+    recompute-only plan recomputes node 12's output for node 26 with node 8's output retained for
+    that chain; swapping it instead raises position 26 over the budget while the retention stays,
+    and fits once it is trimmed (``switch._score_trimmed``).  The plan is cheaper than without that
+    retry, within the budget, and a switch was taken."""
+    p = _with_copies(G.random_layered_graph(30, seed=1), 1.0)
+    budget = int(0.8 * no_remat_peak(p))
+    r = solve(p, budget, "libra")
+    assert_fits(p, r)
+    assert "+switch" in r.extras["descent"]
+    monkeypatch.setattr(switch_mod, "_score_trimmed", lambda tl, j, budget: None)
+    without = solve(p, budget, "libra")
+    assert_fits(p, without)
+    assert r.time_s < without.time_s, (r.time_s, without.time_s)

@@ -67,7 +67,7 @@ def test_a_retention_that_cuts_a_chain_short_frees_those_retained_for_it(monkeyp
     """``random_layered_graph(30, seed=2)`` with copies 4x slower than compute, at 0.7 of its peak:
     keeping n11, regenerated for the chain before n21, for the chain before n22 too leaves that
     chain without reads of the n2, n6, n7 retained for it; their retentions end at n21's chain or
-    go (``tidy._trim_retentions``), so n11's fits.  The plan is cheaper than without the trimming,
+    go (``tidy.trim_retentions``), so n11's fits.  The plan is cheaper than without the trimming,
     within the budget, and every retention ends at a chain that reads it."""
     from _devices import with_bandwidth
     from libra_opt.solvers import solve
@@ -76,7 +76,7 @@ def test_a_retention_that_cuts_a_chain_short_frees_those_retained_for_it(monkeyp
     p = with_bandwidth(G.random_layered_graph(30, seed=2), 4.0)
     budget = int(0.7 * no_remat_peak(p))
     trimmed = solve(p, budget, "libra")
-    monkeypatch.setattr(tidy, "_trim_retentions", lambda tl: [])
+    monkeypatch.setattr(tidy, "trim_retentions", lambda tl: [])
     kept_all = solve(p, budget, "libra")
     for r in (trimmed, kept_all):
         assert simulate(p, r.schedule).peak_bytes <= budget

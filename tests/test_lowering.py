@@ -409,6 +409,33 @@ def test_retain_keeps_an_input_for_a_later_recomputation():
     assert kept.recomputed_nodes() == [1] and sim.recompute_s == 1.0 and sim.peak_bytes == 60
 
 
+def test_a_tensor_retained_for_a_chain_is_freed_after_its_last_read_in_it():
+    """A retention that ends at a chain, whose node does not read the tensor, frees it right after
+    the chain's step that reads it last, not after the chain: the rest of the chain runs without
+    it (the hybrid MILP's plans do this)."""
+    from libra_opt.passes.lowering import Retain
+
+    b = ProblemBuilder()
+    x = b.input("x", 4)
+    (a,) = b.op("fa", [x], [("a", 10)], time_s=1)
+    (bb,) = b.op("fb", [a], [("b", 10)], time_s=1)
+    (m,) = b.op("fm", [bb], [("m", 40)], time_s=1)
+    (y,) = b.op("fy", [m], [("y", 4)], time_s=1)
+    (z,) = b.op("fz", [y], [("z", 4)], time_s=1)
+    (o,) = b.op("fo", [m, z], [("o", 4)], time_s=1)
+    p = b.build(outputs=[o])
+    # m evicted over (3, 5), a retained through 5: the chain before fo recomputes fb (reads a) and
+    # fm (reads b).  C2 a+b+m = 60; in the chain z+a+b = 24, then a is freed: z+b+m = 54 at fm
+    # (64 with a held through the chain); C5 m+z+o = 48.  Peak 60.
+    sched = lower(p, [Eviction(m, 3, 5, R), Retain(a, 5)])
+    ops = [(i.op, i.arg) for i in sched.instructions]
+    chain_fb = [k for k, x in enumerate(ops) if x == (Op.COMPUTE, 1)][1]
+    chain_fm = [k for k, x in enumerate(ops) if x == (Op.COMPUTE, 2)][1]
+    assert (Op.FREE, a) in ops[chain_fb + 1:chain_fm]
+    sim = simulate(p, sched)
+    assert sched.recomputed_nodes() == [1, 2] and sim.peak_bytes == 60
+
+
 def test_bad_retentions_say_what_to_change():
     from libra_opt.passes.lowering import Retain
 

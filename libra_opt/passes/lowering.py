@@ -126,8 +126,9 @@ class Eviction:
 class Retain:
     """Keep tensor ``tensor`` resident after its last use, through position
     ``until`` (it is freed after node ``until`` runs, or, where that node does
-    not read it, right after the chain before it), for the recomputation
-    chains that run before nodes up to ``until``.  Costs ``nbytes`` of its
+    not read it, right after the step of the chain before it that reads it
+    last, or after that chain where it does not read it), for the
+    recomputation chains that run before nodes up to ``until``.  Costs ``nbytes`` of its
     storage over the extra positions; saves regenerating it there.
 
     ``swap=True`` (a *swapped retention*): instead of staying resident, the
@@ -469,6 +470,7 @@ class _Lowerer:
                                             by_swap, tab.t_prod, tab.n_inputs)
         compute_instr, free_instr, append = self._compute_instr, self._free_instr, self.out.append
         t_out, last_eff, storage, is_off = self._t_out, self._last_eff, self._storage, self._is_off
+        until = self.until
         made: set[int] = set()
         for swap, x in steps:
             if swap:
@@ -508,10 +510,11 @@ class _Lowerer:
                 for u in ins:
                     pending[u] -= 1
                 cands = (*ins, *new)
-            # the drop rule after each step: only what this chain made can be freed by it (the rule's
-            # "resident" is made and still live); _defer_base holds only a base with a host copy
-            for t in dropped_after_step([t for t in cands if t in made], live, pending, i, t_out, last_eff,
-                                        storage, is_off):
+            # the drop rule after each step: only what this chain made, or what is retained for it alone
+            # (its retention ends here), can be freed by it (the rule's "resident" is made, or retained
+            # until i, and still live); _defer_base holds only a base with a host copy
+            for t in dropped_after_step([t for t in cands if t in made or until.get(t) == i], live, pending, i,
+                                        t_out, last_eff, storage, is_off):
                 if self.host and not is_off(storage[t], i) and self._defer_base(t):
                     continue
                 append(free_instr[t])

@@ -14,10 +14,11 @@ what the lowering will run:
 2. **Pending uses**: per tensor, the reads still to come inside the chain
    (the recomputed producers' inputs) plus one per read of the node itself.
 3. **The drop rule** (:func:`dropped_after_step`): after each step, a tensor
-   the chain made resident is freed as soon as no read in the chain or at the
-   node is pending, it is not a step output, and its last use (or the end of
-   its retention) is at or before the node, or its storage is meant to be off
-   the device there.  The estimate runs this test inline, in the loop every
+   the chain made resident, or one retained for this chain alone (its
+   retention ends at the node), is freed as soon as no read in the chain or
+   at the node is pending, it is not a step output, and its last use (or the
+   end of its retention) is at or before the node, or its storage is meant
+   to be off the device there.  The estimate runs this test inline, in the loop every
    candidate evaluation runs (``chains._replay``); the tests that hold the
    estimate equal to the simulation of the lowered plan
    (``tests/test_libra.py``, ``test_estimate_matches_the_simulator*``) hold
@@ -122,8 +123,9 @@ def dropped_after_step(candidates: Iterable[int], resident: Container[int], pend
         Tensors the step read or made (a recomputed node's inputs and new
         outputs; a swapped-in tensor).
     resident : container of int
-        Tensors the chain made resident and that are still resident (only
-        those can be freed by the chain).
+        Tensors the chain may free that are still resident: those it made
+        resident, and those retained for it alone (the caller filters
+        ``candidates`` to these).
     pending : dict of int -> int
         From :func:`regeneration_steps`, decremented for the steps run so far.
     q : int

@@ -53,6 +53,13 @@ class Chain:
         chain time before that wait (s).
     made : tuple of int
         Tensors the chain makes resident (recomputed or swapped in).
+    vals : tuple of int
+        The chain's memory above where it starts at each step that allocates
+        (a recomputation, with its workspace, or a synchronous swap-in), in
+        order (bytes; ``peak_bytes`` is their maximum, or 0).
+    seq : tuple of int
+        Those steps' nodes (-1 for a swap-in): where a tensor retained only
+        for this chain is read for the last time (:func:`held_rise`).
     """
 
     nodes: tuple
@@ -63,6 +70,8 @@ class Chain:
     feasible: bool = True
     waits: tuple = ()
     made: tuple = ()
+    vals: tuple = ()
+    seq: tuple = ()
 
 
 def policy_of(st, j: int) -> int:
@@ -341,6 +350,8 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     time_s = 0.0
     nodes = []
     waits = []
+    vals: list[int] = []   # memory above the chain's start at each allocating step, and that step's node
+    seq: list[int] = []
     feasible = True
     nb = pt.t_nbytes
     t_out, t_act, views, last_eff = pt.t_out, pt.t_act, pt.views, st.t_last_eff
@@ -423,11 +434,15 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                 time_s += nb[x] / h2d * margin1
                 if cur > peak:
                     peak = cur
+                vals.append(cur)
+                seq.append(-1)
             cands = (x,)
         else:
             c = cur + transient
             if c > peak:
                 peak = c
+            vals.append(c)
+            seq.append(x)
             ins = n_inputs[x]
             for u in ins:
                 pending[u] -= 1
@@ -449,7 +464,7 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     for t in missing:
         touched.add(tsto[t])
     ch = Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
-               tuple(sorted(made)))
+               tuple(sorted(made)), tuple(vals), tuple(seq))
     if len(cache) < MEMO_MIN_QUERIES:
         return ch
     tensors = tuple(cache)

@@ -68,20 +68,13 @@ from . import reshape, swaps
 from .chains import Chain, affected, chain_at, early_targets
 from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
 from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
-from .reshape import chain_held_bytes, storage_end
+from .reshape import chain_held_bytes, held_rise, storage_end
 from .state import TimelineState
 from .swaps import SwapLayer, is_zeros, layer_current, removal_change, start_times, swap_layer
 from .tables import ProblemTables, WindowTables, problem_tables, tensors_read_at, window_tables
 
 __all__ = ["Timeline", "Effect", "Chain", "SwapLayer", "EarlyEnd", "WindowEnd",
            "KEEP", "REC", "SWAP", "NEG", "LIVE", "MISSING", "ARRIVING"]
-
-
-def _chain_rise(ch: Chain | None) -> int:
-    """Bytes the chain ``ch`` takes memory above where it starts at its
-    peak, less what it leaves resident for its node (``peak_bytes -
-    kept_bytes``); 0 where no chain runs (the gap before the node)."""
-    return 0 if ch is None else ch.peak_bytes - ch.kept_bytes
 
 
 class Timeline:
@@ -363,8 +356,8 @@ class Timeline:
         newws = pt.newws
         for q, ch in chains.items():
             cq = int(C[q]) + dCq[q]
-            held_q = chain_held_bytes(pt, st, q) if ch is not None else 0   # as _set_chain counts it
-            new_m = max(cq, cq - int(newws[q]) + _chain_rise(ch) + held_q + int(H[q]))
+            rise = held_rise(pt, st, q, ch) if ch is not None else 0   # as _set_chain counts it
+            new_m = max(cq, cq - int(newws[q]) + rise + int(H[q]))
             old_m = max(int(C[q]), int(C[q] + regen_off[q] + H_old[q]))
             if new_m > old_m and new_m > raised_max:
                 raised_max, raised_at = new_m, q
@@ -382,7 +375,7 @@ class Timeline:
             c += -int(wt.w_bytes[j]) if policy == REC else int(wt.w_bytes[j])
         if i in eff.chains:
             ch = eff.chains[i]
-            off = _chain_rise(ch) - int(self.tables.newws[i]) + (chain_held_bytes(self.tables, st, i) if ch else 0)
+            off = (held_rise(self.tables, st, i, ch) if ch else 0) - int(self.tables.newws[i])
         else:
             off = int(st.regen_off[i])
         held = eff.swap.held if eff.swap is not None else st.swap.held
@@ -475,8 +468,7 @@ class Timeline:
             return
         st.chains[q] = ch
         dirty.update(ch.touched)
-        st.regen_off[q] = ch.peak_bytes - ch.kept_bytes - int(self.tables.newws[q]) + chain_held_bytes(
-            self.tables, st, q)
+        st.regen_off[q] = held_rise(self.tables, st, q, ch) - int(self.tables.newws[q])
         if st.regen_time[q] != ch.time_s:
             st.regen_time[q] = ch.time_s
             st.T_cache = None

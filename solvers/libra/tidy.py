@@ -248,7 +248,7 @@ def retain_inputs(tl: Timeline, budget: int) -> int:
 def _retain_inputs(tl: Timeline, budget: int, careful: bool) -> int:
     """:func:`retain_inputs`'s pass (``careful``: :func:`_guarded`'s second
     run, the swap layer refreshed after each retention and checked).  Each
-    retention tried is followed by :func:`_trim_retentions`: one that cuts
+    retention tried is followed by :func:`trim_retentions`: one that cuts
     a chain short can free the tensors retained for that chain before it."""
     cands = []
     for q, ch in tl.state.chains.items():
@@ -273,12 +273,12 @@ def _retain_inputs(tl: Timeline, budget: int, careful: bool) -> int:
             continue   # (where other tensors are retained for this chain, t may replace them: tried)
         cost, old = tl.added_s(), tl.state.t_until.get(t)
         if careful:
-            done += _careful_try(tl, budget, cost, lambda: (tl.retain(t, q), _trim_retentions(tl)))
+            done += _careful_try(tl, budget, cost, lambda: (tl.retain(t, q), trim_retentions(tl)))
             mem = tl.memory()
             continue
         with tl.recording() as journal:
             tl.retain(t, q)
-            trimmed = _trim_retentions(tl)
+            trimmed = trim_retentions(tl)
         mem = tl.memory()
         if int(mem.max()) <= budget and tl.added_s() < cost * (1 - 1e-12):
             done += 1
@@ -291,7 +291,7 @@ def _retain_inputs(tl: Timeline, budget: int, careful: bool) -> int:
     return done
 
 
-def _trim_retentions(tl: Timeline) -> list[tuple[int, int]]:
+def trim_retentions(tl: Timeline) -> list[tuple[int, int]]:
     """Shorten every retention to the last chain that reads its storage
     (drop it where none does): a tensor retained until ``q`` for a chain
     that no longer regenerates through it (a later retention cut that chain

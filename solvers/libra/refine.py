@@ -246,7 +246,7 @@ class Refiner:
                 break
             move = self._select(p, peak, m)
             if move is None:
-                move = self._uphill(p, peak, m)
+                move = self._uphill(p, peak)
             if move is None:
                 self._settle()
                 self.done = True
@@ -411,7 +411,7 @@ class Refiner:
                 if fresh_best is None or mv.score > fresh_best.score:
                     fresh_best = mv
 
-    def _uphill(self, p: int, peak: int, mem: np.ndarray) -> Move | None:
+    def _uphill(self, p: int, peak: int) -> Move | None:
         """At a dead end (:meth:`_select` found no candidate at peak position
         ``p`` whose raised points stay under ``peak``, bytes), a move whose
         raised points stay under ``peak * (1 +`` :data:`UPHILL_REL` ``)``: it

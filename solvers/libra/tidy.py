@@ -298,8 +298,19 @@ def trim_retentions(tl: Timeline) -> list[tuple[int, int]]:
     short: ``random_layered_graph(30, seed=2)`` with copies 4x slower than
     compute at 0.7 of its peak, n11, regenerated for n21, kept for the chain
     before n22, which then no longer reads the n2, n6, n7 retained for it)
-    holds its bytes for nothing.  Returns the ``(tensor, until)`` pairs
-    changed, as they were."""
+    holds its bytes for nothing.  Each change goes through
+    :meth:`~libra_opt.solvers.libra.estimate.Timeline.retain`, which replays
+    the chains concerned.
+
+    Returns
+    -------
+    list of (int, int)
+        The ``(tensor id, until position)`` pairs changed, as they were
+        (for an undo, in reverse order); empty where none was.  Raises
+        nothing: a retention only shrinks.
+
+    Source: Checkmate's S (Jain et al., MLSys 2020, sec. 4): a value is kept
+    across stages only while a later stage reads it."""
     st, pt = tl.state, tl.tables
     changed = []
     for u, until in list(st.t_until.items()):

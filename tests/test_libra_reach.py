@@ -531,3 +531,40 @@ def test_uphill_is_ignored_outside_recompute_only_mode():
     assert u.added_s == a.added_s and [(i.op, i.arg) for i in u.schedule.instructions] == [
         (i.op, i.arg) for i in a.schedule.instructions]
     assert a.added_s < 1e-6
+
+
+@pytest.mark.parametrize("make", [lambda: random_layered_graph(100, seed=0), lambda: slow_layered(120, 0)])
+def test_a_descent_no_early_regeneration_changed_is_its_own_fallback_without_them(make):
+    """``Refiner.early_step``: up to the first step whose selection an early regeneration option
+    changed, a descent takes the snapshots of the same descent without early regeneration (the
+    fallback ``LibraSolver._missed`` runs where one was taken); where no step was changed, every
+    snapshot, and the solver then runs no such fallback for it (``LibraSolver._own_plain_twin``)."""
+    import dataclasses
+
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p = make()
+    peak = no_remat_peak(p)
+    budgets = [int(f * peak) for f in (0.9, 0.8, 0.7, 0.6, 0.55, 0.5, 0.45, 0.4, 0.35, 0.3)]
+    twins = changed = 0
+    for policy in ("hybrid", "recompute"):
+        for ref in LibraSolver(policy=policy)._refiners(p):
+            if type(ref) is not Refiner or not ref.opts.early:
+                continue
+            got = ref.descend(budgets, to_end=True)
+            plain = Refiner(p, dataclasses.replace(ref.opts, early=False))
+            plain.variant_bounds = ref.variant_bounds
+            want = plain.descend(budgets, to_end=True)
+            # (the fallback orders by the plain recomputation's cost: a twin only where that is the same)
+            assert LibraSolver._own_plain_twin(ref) == (
+                ref.early_step is None and (not ref.variant_bounds or not ref.allow_rec))
+            if ref.early_step is None:
+                twins += 1
+                assert sorted(got) == sorted(want) and all(_state(got[b]) == _state(want[b]) for b in want)
+                assert plain.step == ref.step
+            else:
+                changed += 1
+                before = [b for b in want if want[b].step <= ref.early_step]
+                assert all(b in got and _state(got[b]) == _state(want[b]) for b in before), policy
+    assert twins and changed   # both cases seen

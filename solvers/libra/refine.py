@@ -164,6 +164,9 @@ class Refiner:
         self.step = 0
         self.evals = 0   # candidate evaluations (_evaluate calls) so far, the descent's and exchanges'
         self.used_early = False   # an early regeneration was taken (see LibraSolver's fallback)
+        # the first step whose selection an early regeneration changed (None: none so far): up to it, a
+        # descent of the same options without ``early`` takes the same steps (:meth:`fork_plain`)
+        self.early_step: int | None = None
         self.done = False
         self.cut_short = False
         self.busy_s = 0.0           # seconds spent inside descend() so far (this descent's own clock)
@@ -604,6 +607,8 @@ class Refiner:
         if not ok:
             return None
         chosen = min(ok, key=lambda x: (x.cost, x.swap, x.floor))
+        if descent and self.early_step is None and self.opts.early and self._early_counts(j, ok, chosen, costs):
+            self.early_step = self.step
         pol, removed = chosen.policy, chosen.removed
         if descent and self.variant_bounds:
             # the cached recompute cost orders later selections (a bound of the window's score): a variant
@@ -647,6 +652,31 @@ class Refiner:
         return Move(j, pol, chosen.eff, score, removed, rec_s, swap_s, reason,
                     raised.raised_at if raised else None, raised.raised_max if raised else None, chosen.shrink,
                     chosen.also)
+
+    def _early_counts(self, j: int, ok: list, chosen: _Option, costs: OptionCosts) -> bool:
+        """Whether the early regeneration options in ``ok`` (the admissible
+        options :meth:`_evaluate` found for window ``j`` in a selection step)
+        change anything the descent keeps or reads: the option chosen (an
+        early one: the move, and its score orders the selection), the reason
+        a swap is chosen (whether a recomputation was admissible), or, with
+        :attr:`variant_bounds`, the window's cached recompute cost and
+        raised point.  Where they change nothing, a descent without early
+        regeneration evaluates the same options to the same move
+        (:meth:`fork_plain`)."""
+        plain = [x for x in ok if x.shrink is None or not x.shrink.early]
+        if len(plain) == len(ok):
+            return False
+        if chosen.shrink is not None and chosen.shrink.early:
+            return True
+        if chosen.policy != REC and not any(x.policy == REC for x in plain):
+            return True
+        if self.variant_bounds:
+            c = float(costs.cost[j, _O_REC])
+            r_all = min((x.cost for x in ok if x.policy == REC), default=np.inf)
+            r_plain = min((x.cost for x in plain if x.policy == REC), default=np.inf)
+            if np.isfinite(r_all) != np.isfinite(r_plain) or min(c, r_all) != min(c, r_plain):
+                return True
+        return False
 
     def _try_shrink(self, tl: Timeline, j: int, e, p: int, m_p: int, limit: int | None, ok: list) -> None:
         """Recomputation variant of window ``j`` that ends at the first chain

@@ -719,7 +719,10 @@ class LibraSolver(Solver):
                     return bulk, bulk_snaps
         more = []
         if any(ref.used_early for ref in refs):
-            more = [self._plain(problem, dataclasses.replace(ref.opts, early=False), missing, reuse) for ref in refs]
+            # (not for a plain descent that ran to its end without an early regeneration changing any of its
+            # steps, Refiner.early_step: one without them takes the same steps, and its snapshots are in)
+            more = [self._plain(problem, dataclasses.replace(ref.opts, early=False), missing, reuse) for ref in refs
+                    if not self._own_plain_twin(ref)]
         main = [ref for ref in refs if ref.opts.policy == refs[0].opts.policy]   # the chosen policy's descents
         if self.options.windows == "auto" and all(ref.mode == "default" for ref in main):   # windows inside a phase
             more.append(self._plain(problem, dataclasses.replace(refs[0].opts, windows="all"), missing, reuse))
@@ -749,6 +752,21 @@ class LibraSolver(Solver):
             wait, wait_snaps = self._waiting_hybrid(problem, refs, missing, more_snaps, refs + more)
             more, more_snaps = more + wait, more_snaps + wait_snaps
         return more, more_snaps
+
+    @staticmethod
+    def _own_plain_twin(ref: Refiner) -> bool:
+        """Whether descent ``ref`` is its own fallback without early
+        regeneration (:meth:`_missed`): a plain :class:`Refiner` that ran to
+        its end (not cut short) with no step an early regeneration option
+        changed (``Refiner.early_step``; early options only add admissible
+        options to a selection) and whose selections do not order
+        candidates by their recompute variants (``Refiner.variant_bounds``,
+        which the fallback does not set; a swap-only descent has none): a
+        descent of its options with ``early=False`` takes its steps and its
+        snapshots.  ``random_layered_graph(100, seed=0)`` in hybrid mode at
+        0.3 of its peak: the hybrid and the swap-only descent's."""
+        return (type(ref) is Refiner and ref.early_step is None and ref.done and not ref.cut_short
+                and (not ref.variant_bounds or not ref.allow_rec))
 
     def _continued(self, problem: RematProblem, refs: list[Refiner], budgets: list[int], snaps: list[dict],
                    ran: list[Refiner], ran_snaps: list[dict], cheaper: bool = True

@@ -47,6 +47,18 @@ Usage::
     python benchmarks/solve_rate.py GRAPHS                 # GRAPHS: the shared remat graphs' folder
     python benchmarks/solve_rate.py --quick                # a small subset (~1 min)
     python benchmarks/solve_rate.py GRAPHS --solvers chen-greedy,checkpoint-all --only random_layered
+    python benchmarks/solve_rate.py GRAPHS --solvers libra --breakdown   # where libra's seconds go
+
+With ``--breakdown``, each ``libra`` row also says where its CPU seconds
+went (:class:`PhaseClock`): the descents (every ``Refiner.descend``: the
+portfolio's descents, the fallbacks, the continued descents and the
+tightening's rounds), the exchange moves, the rest of the finish step of
+libra's own plans (undo pass, policy switches, lowering and simulation,
+and measuring each descent's end), the baselines' plans (built, lowered and
+simulated for the portfolio), and what is left (``other``); and, counted
+over those, the seconds spent in the tightening of an infeasible budget's
+stated minimum.  A diagnostic: the timers wrap libra's internal entry
+points for the run, and add a little to each row's time.
 
 Prints one line per row as it goes; writes ``results/solve_rate.csv`` (one
 row per solver x instance x budget) and ``results/solve_rate.md`` (per
@@ -161,22 +173,135 @@ def file_instances(graphs_dir: str | None, problem_names=None) -> list[tuple[str
     return [(p.name.split(".json")[0], lambda p=p: load_problem_any(p)) for p in paths]
 
 
-def timed_solve(problem, budget: float, row: SolverRow) -> dict:
+#: the phases of a libra solve :class:`PhaseClock` times, each with the entry points charged to it
+#: (``module:attribute``; time inside an inner entry point is charged to the inner one's phase)
+PHASE_POINTS = {
+    "descents": ("libra_opt.solvers.libra.refine:Refiner.descend",),
+    "exchange": ("libra_opt.solvers.libra.finish:exchange_moves",),
+    "finish": ("libra_opt.solvers.libra.solver:LibraSolver._libra_plan",
+               "libra_opt.solvers.libra.solver:LibraSolver._finished",
+               "libra_opt.solvers.libra.solver:LibraSolver._free_plans",
+               "libra_opt.solvers.libra.refine:Refiner.min_feasible_bytes"),
+    "baselines": ("libra_opt.solvers.libra.solver:_BaselinePool.plans",
+                  "libra_opt.solvers.libra.solver:_BaselinePool.best",
+                  "libra_opt.solvers.libra.solver:_BaselinePool.min_peak"),
+}
+#: counted over the phases (inclusive): the search for an infeasible budget's stated minimum
+TIGHTENING_POINT = "libra_opt.solvers.libra.solver:LibraSolver._tightened"
+BREAKDOWN_FIELDS = ("descents_s", "exchange_s", "finish_s", "baselines_s", "other_s", "tightening_s")
+
+
+class PhaseClock:
+    """Where the CPU seconds of a ``libra`` solve go: while the clock is
+    entered (``with PhaseClock() as clock:``), the entry points of
+    :data:`PHASE_POINTS` are wrapped so that the CPU time
+    (``time.process_time``) spent inside each is charged to its phase, time
+    inside a nested entry point to the nested one's phase only (a stack),
+    and the time inside :data:`TIGHTENING_POINT` is counted apart, over the
+    phases.  ``clock.spent``: phase -> seconds; :meth:`fields` gives them
+    with ``other`` (the solve's seconds less the phases').  A diagnostic of
+    this benchmark, not an API: it patches the attributes for the run and
+    restores them on exit.
+
+    Raises
+    ------
+    AttributeError
+        An entry point no longer exists (the solver was refactored: update
+        :data:`PHASE_POINTS`).
+    """
+
+    def __init__(self):
+        self.spent = {phase: 0.0 for phase in PHASE_POINTS}
+        self.tightening_s = 0.0
+        self._stack: list[list] = []     # [phase, start] of the entry points being run, innermost last
+        self._patched: list[tuple] = []  # (owner, name, original)
+
+    @staticmethod
+    def _resolve(point: str) -> tuple[object, str]:
+        import importlib
+
+        module, _, path = point.partition(":")
+        owner = importlib.import_module(module)
+        *outer, name = path.split(".")
+        for part in outer:
+            owner = getattr(owner, part)
+        getattr(owner, name)   # AttributeError where it is gone
+        return owner, name
+
+    def _timed(self, original, phase: str):
+        stack, spent = self._stack, self.spent
+
+        def timed(*args, **kwargs):
+            now = time.process_time()
+            if stack:   # the enclosing phase stops here
+                top = stack[-1]
+                spent[top[0]] += now - top[1]
+            stack.append([phase, now])
+            try:
+                return original(*args, **kwargs)
+            finally:
+                end = time.process_time()
+                spent[phase] += end - stack.pop()[1]
+                if stack:
+                    stack[-1][1] = end   # ... and resumes
+        return timed
+
+    def _inclusive(self, original):
+        def timed(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.tightening_s += time.process_time() - start
+        return timed
+
+    def __enter__(self) -> "PhaseClock":
+        points = [(p, ph) for ph, ps in PHASE_POINTS.items() for p in ps] + [(TIGHTENING_POINT, None)]
+        for point, phase in points:
+            owner, name = self._resolve(point)
+            original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            wrapped = self._inclusive(original) if phase is None else self._timed(original, phase)
+            self._patched.append((owner, name, original))
+            setattr(owner, name, wrapped)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, original in reversed(self._patched):
+            setattr(owner, name, original)
+        self._patched.clear()
+
+    def fields(self, total_s: float) -> dict:
+        """The CSV fields of :data:`BREAKDOWN_FIELDS` for a solve of ``total_s`` CPU seconds."""
+        out = {f"{phase}_s": s for phase, s in self.spent.items()}
+        out["other_s"] = max(total_s - sum(self.spent.values()), 0.0)
+        out["tightening_s"] = self.tightening_s
+        return out
+
+
+def timed_solve(problem, budget: float, row: SolverRow, breakdown: bool = False) -> dict:
     """Solve a fresh copy of ``problem`` at ``budget`` (fraction of the
     no-remat peak) with ``row``: ``{"cpu_s", "wall_s", "outcome", ...}``.
     An exception is recorded as the outcome ``error`` with its message."""
     from libra_opt.solvers import solve
 
     fresh = problem.replace()   # a new problem object: every per-problem cache is cold
+    clock = PhaseClock() if breakdown and row.name == "libra" else None
+    if clock is not None:
+        clock.__enter__()
     c0, w0 = time.process_time(), time.perf_counter()
     try:
         res = solve(fresh, budget, row.name, raise_on_infeasible=False, **row.options)
         err = None
     except Exception as e:  # a solver's failure is part of what is reported
         res, err = None, f"{type(e).__name__}: {str(e)[:200]}"
-    cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    finally:
+        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+        if clock is not None:
+            clock.__exit__(None, None, None)
     out = {"cpu_s": cpu, "wall_s": wall, "outcome": "error", "peak_frac": "", "min_feasible_frac": "",
            "added_s": "", "message": err or ""}
+    if clock is not None:
+        out.update(clock.fields(cpu))
     if res is not None:
         from libra_opt.passes.simulator import no_remat_peak
 
@@ -237,18 +362,20 @@ def warmup_problems() -> list:
 
 
 CSV_FIELDS = ("solver", "instance", "nodes", "budget", "outcome", "cpu_s", "wall_s", "s_per_1k_ops",
-              "peak_frac", "min_feasible_frac", "added_s", "message")
+              "peak_frac", "min_feasible_frac", "added_s", "message") + BREAKDOWN_FIELDS
 
 
-def run(instances, rows: list[SolverRow], budgets, progress=print) -> list[dict]:
-    """Every row x instance x budget (instances built once each, solved on fresh copies)."""
+def run(instances, rows: list[SolverRow], budgets, progress=print, breakdown: bool = False) -> list[dict]:
+    """Every row x instance x budget (instances built once each, solved on
+    fresh copies); ``breakdown``: libra's rows with :class:`PhaseClock`'s
+    fields."""
     out = []
     for inst_name, thunk in instances:
         problem = thunk()
         n = problem.num_nodes
         for row in rows:
             for b in budgets:
-                r = timed_solve(problem, b, row)
+                r = timed_solve(problem, b, row, breakdown)
                 rate = r["cpu_s"] / n * 1000.0
                 rec = {"solver": row.label, "instance": inst_name, "nodes": n, "budget": b, **r,
                        "s_per_1k_ops": rate}
@@ -314,11 +441,19 @@ def render(records, summary, warm, meta) -> str:
     over = [r for s in summary for r in s["over_planned"] + s["over_infeasible"]]
     lines += ["", f"## Rows over the target ({len(over)})", ""]
     if over:
-        lines += ["| solver | instance | nodes | budget | outcome | CPU s | wall s | s/1k ops |",
-                  "|---|---|---|---|---|---|---|---|"]
+        split = any("descents_s" in r for r in over)   # --breakdown: where each row's seconds went
+        lines += ["| solver | instance | nodes | budget | outcome | CPU s | wall s | s/1k ops |"
+                  + (" descents | exchange | finish | baselines | other | (tightening) |" if split else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" * 6 if split else "")]
         for r in sorted(over, key=lambda r: -r["s_per_1k_ops"]):
             lines.append(f"| {r['solver']} | {r['instance']} | {r['nodes']} | {r['budget']:g} | {r['outcome']} | "
-                         f"{r['cpu_s']:.3f} | {r['wall_s']:.3f} | {r['s_per_1k_ops']:.3f} |")
+                         f"{r['cpu_s']:.3f} | {r['wall_s']:.3f} | {r['s_per_1k_ops']:.3f} |"
+                         + ("".join(f" {r[f]:.3f} |" if f in r else " |" for f in BREAKDOWN_FIELDS) if split else ""))
+        if split:
+            lines += ["", "Breakdown (`--breakdown`, CPU s; see `PhaseClock`): the descents (the portfolio's, the "
+                      "fallbacks', the tightening's rounds), the exchange moves, the rest of the finish of libra's "
+                      "plans, the baselines' plans, the rest; in parentheses the tightening's share of the row, "
+                      "counted over the others."]
     else:
         lines.append("none")
     labels = [s["solver"] for s in summary]
@@ -346,7 +481,8 @@ def write_csv(path: Path, records) -> None:
         w.writeheader()
         for r in records:
             w.writerow({**r, "cpu_s": f"{r['cpu_s']:.6f}", "wall_s": f"{r['wall_s']:.6f}",
-                        "s_per_1k_ops": f"{r['s_per_1k_ops']:.4f}"})
+                        "s_per_1k_ops": f"{r['s_per_1k_ops']:.4f}",
+                        **{f: f"{r[f]:.6f}" for f in BREAKDOWN_FIELDS if f in r}})
 
 
 def main(argv=None) -> int:
@@ -366,6 +502,8 @@ def main(argv=None) -> int:
                     help=f"a small subset: patterns at {QUICK['sizes']} nodes, problems {QUICK['problems']}, "
                          f"budgets {QUICK['budgets']}")
     ap.add_argument("--no-warmup", action="store_true", help="skip the warm-up (the first rows then pay the imports)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="libra rows: CPU seconds per phase (descents, exchange, finish, baselines, other, tightening)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output folder (default %(default)s)")
     args = ap.parse_args(argv)
 
@@ -390,7 +528,7 @@ def main(argv=None) -> int:
         print(f"warm-up: imports {_imports(warm)}; first pass {warm['first_cpu_s']:.2f} CPU s, second "
               f"{warm['second_cpu_s']:.2f} s: first calls {warm['one_time_s']:.2f} s", flush=True)
     c0 = time.process_time()
-    records = run(instances, rows, budgets, progress=lambda s: print(s, flush=True))
+    records = run(instances, rows, budgets, progress=lambda s: print(s, flush=True), breakdown=args.breakdown)
     summary = summarize(records, rows)
     shown = [a for a in (argv if argv is not None else sys.argv[1:])]
     meta = {"command": "python benchmarks/solve_rate.py " + " ".join(

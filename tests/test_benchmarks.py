@@ -231,6 +231,37 @@ def test_solve_rate_writes_a_row_per_solver_and_budget(tmp_path, capsys):
         assert f"| {lab} | 2 |" in md   # its summary row: two rows (one per budget)
 
 
+def test_solve_rate_breakdown_splits_libra_rows_and_restores_the_solver(tmp_path):
+    """``--breakdown``: every libra row's phases (descents, exchange, finish, baselines, other) are
+    non-negative and add up to its CPU seconds, descents take some of them, an infeasible budget's
+    row counts its tightening (within the row's seconds), other solvers' rows have none; and the
+    wrapped entry points are libra's own again after each row."""
+    import csv
+
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    sr = load_benchmark("solve_rate")
+    descend, tightened = Refiner.__dict__["descend"], LibraSolver.__dict__["_tightened"]
+    assert sr.main(["--no-problems", "--patterns", "random_layered", "--sizes", "40", "--budgets", "0.8,0.2",
+                    "--solvers", "libra,checkpoint-all", "--no-warmup", "--breakdown", "--out", str(tmp_path)]) == 0
+    assert Refiner.__dict__["descend"] is descend and LibraSolver.__dict__["_tightened"] is tightened
+    recs = list(csv.DictReader(open(tmp_path / "solve_rate.csv")))
+    phases = ("descents_s", "exchange_s", "finish_s", "baselines_s", "other_s")
+    libra = [r for r in recs if r["solver"].startswith("libra")]
+    assert len(libra) == 6
+    for r in libra:
+        parts = [float(r[f]) for f in phases]
+        assert min(parts) >= 0 and float(r["descents_s"]) > 0
+        assert sum(parts) == pytest.approx(float(r["cpu_s"]), rel=1e-6, abs=1e-5)   # (6 decimals each)
+        tight = float(r["tightening_s"])
+        assert 0 <= tight <= float(r["cpu_s"]) + 1e-9
+        if r["outcome"] == "infeasible":
+            assert tight > 0
+    assert any(r["outcome"] == "infeasible" for r in libra)
+    assert all(r["descents_s"] == "" for r in recs if r["solver"] == "checkpoint-all")
+
+
 def test_cut_bound_gaps_rows_are_valid_gaps_and_the_milp_rows_are_recounted(tmp_path):
     """benchmarks/cut_bound_gaps.py on the U-Net at one budget and copy ratio: a row per libra policy,
     each plan at or above its bound; a hybrid_optimality.py row re-counted with the cut bound keeps a

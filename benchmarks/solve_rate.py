@@ -69,6 +69,7 @@ budgets), or into ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import platform
 import sys
@@ -260,9 +261,11 @@ class PhaseClock:
         for point, phase in points:
             owner, name = self._resolve(point)
             original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-            wrapped = self._inclusive(original) if phase is None else self._timed(original, phase)
+            kind = type(original) if isinstance(original, (staticmethod, classmethod)) else None
+            func = original.__func__ if kind is not None else original
+            wrapped = self._inclusive(func) if phase is None else self._timed(func, phase)
             self._patched.append((owner, name, original))
-            setattr(owner, name, wrapped)
+            setattr(owner, name, kind(wrapped) if kind is not None else wrapped)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -286,18 +289,14 @@ def timed_solve(problem, budget: float, row: SolverRow, breakdown: bool = False)
 
     fresh = problem.replace()   # a new problem object: every per-problem cache is cold
     clock = PhaseClock() if breakdown and row.name == "libra" else None
-    if clock is not None:
-        clock.__enter__()
-    c0, w0 = time.process_time(), time.perf_counter()
-    try:
-        res = solve(fresh, budget, row.name, raise_on_infeasible=False, **row.options)
-        err = None
-    except Exception as e:  # a solver's failure is part of what is reported
-        res, err = None, f"{type(e).__name__}: {str(e)[:200]}"
-    finally:
+    with clock if clock is not None else contextlib.nullcontext():
+        c0, w0 = time.process_time(), time.perf_counter()
+        try:
+            res = solve(fresh, budget, row.name, raise_on_infeasible=False, **row.options)
+            err = None
+        except Exception as e:  # a solver's failure is part of what is reported
+            res, err = None, f"{type(e).__name__}: {str(e)[:200]}"
         cpu, wall = time.process_time() - c0, time.perf_counter() - w0
-        if clock is not None:
-            clock.__exit__(None, None, None)
     out = {"cpu_s": cpu, "wall_s": wall, "outcome": "error", "peak_frac": "", "min_feasible_frac": "",
            "added_s": "", "message": err or ""}
     if clock is not None:

@@ -165,7 +165,7 @@ class Refiner:
         self.evals = 0   # candidate evaluations (_evaluate calls) so far, the descent's and exchanges'
         self.used_early = False   # an early regeneration was taken (see LibraSolver's fallback)
         # the first step whose selection an early regeneration changed (None: none so far): up to it, a
-        # descent of the same options without ``early`` takes the same steps (:meth:`fork_plain`)
+        # descent of the same options without ``early`` takes the same steps (LibraSolver._own_plain_twin)
         self.early_step: int | None = None
         self.done = False
         self.cut_short = False
@@ -662,7 +662,7 @@ class Refiner:
         :attr:`variant_bounds`, the window's cached recompute cost and
         raised point.  Where they change nothing, a descent without early
         regeneration evaluates the same options to the same move
-        (:meth:`fork_plain`)."""
+        (``LibraSolver._own_plain_twin``)."""
         plain = [x for x in ok if x.shrink is None or not x.shrink.early]
         if len(plain) == len(ok):
             return False

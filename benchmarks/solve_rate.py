@@ -258,8 +258,8 @@ class PhaseClock:
 
     def __enter__(self) -> "PhaseClock":
         points = [(p, ph) for ph, ps in PHASE_POINTS.items() for p in ps] + [(TIGHTENING_POINT, None)]
-        for point, phase in points:
-            owner, name = self._resolve(point)
+        resolved = [(self._resolve(point), phase) for point, phase in points]   # all found before any is patched
+        for (owner, name), phase in resolved:
             original = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
             kind = type(original) if isinstance(original, (staticmethod, classmethod)) else None
             func = original.__func__ if kind is not None else original

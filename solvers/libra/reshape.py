@@ -169,17 +169,28 @@ def held_rise(pt, st, q: int, ch) -> int:
     vals, seq = ch.vals, ch.seq
     n = len(vals)
     ins = pt.n_inputs
-    ends = []   # (the last step index holding the storage, its bytes)
-    for s, ts in held.items():
-        end = -1
-        for t in ts:
-            k = next((k for k in range(n - 1, -1, -1) if seq[k] >= 0 and t in ins[seq[k]]), None)
-            end = n if k is None else max(end, k)   # not read by the chain: held through it
-        ends.append((end, int(pt.t_nbytes[s])))
-    total = sum(b for _, b in ends)
-    best = total   # at the chain's start every such storage is resident
+    # the last step reading each retained tensor, in one backward pass over the steps
+    last: dict[int, int] = {}
+    want = {t for ts in held.values() for t in ts}
+    for k in range(n - 1, -1, -1):
+        x = seq[k]
+        if x >= 0:
+            for u in ins[x]:
+                if u in want and u not in last:
+                    last[u] = k
+        if len(last) == len(want):
+            break
+    # each storage is held through the last step reading its tensors (through the chain where one of
+    # them is not read), then freed: (that step, its bytes), by step
+    ends = sorted((n if any(t not in last for t in ts) else max(last[t] for t in ts), int(pt.t_nbytes[s]))
+                  for s, ts in held.items())
+    h = sum(b for _, b in ends)
+    best = h   # at the chain's start every such storage is resident
+    i = 0
     for k in range(n):
-        h = total - sum(b for e, b in ends if e < k)
+        while i < len(ends) and ends[i][0] < k:   # freed after step ends[i][0]
+            h -= ends[i][1]
+            i += 1
         if vals[k] + h > best:
             best = vals[k] + h
     return best - ch.kept_bytes

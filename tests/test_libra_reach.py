@@ -182,6 +182,37 @@ def test_a_budget_under_the_memory_floor_skips_the_descents_at_it(policy, descen
     assert floor // 2 not in asked()
 
 
+@pytest.mark.parametrize("sweep", [False, True])
+def test_under_the_floor_a_minimum_a_baseline_meets_at_the_floor_needs_no_round(sweep, descend_calls, monkeypatch):
+    """Under the memory floor, where a baseline's plan of the portfolio peaks at the floor itself
+    (``swap-all``'s, here), the stated minimum is the floor with no tightening round: the only
+    budget a round would plan is one a solve meets (it falls back on that plan).  No descent runs,
+    and the minimum is the one a round of descents finds, and met."""
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    p = random_layered_graph(100, seed=0)
+    floor = memory_lower_bound(p)
+    solver = get_solver("libra", policy="hybrid")
+
+    def stated():
+        if sweep:
+            r = solver.solve_many(p, [floor // 2])[0]
+            assert not r.success
+            return r.min_feasible_bytes, r.message
+        with pytest.raises(InfeasibleBudgetError) as info:
+            solver.solve(p, floor // 2)
+        return info.value.min_feasible_bytes, str(info.value)
+
+    m, msg = stated()
+    assert m == floor and not descend_calls and ("the memory floor" in msg or sweep)
+    assert_fits(p, solver.solve(p, m))
+    tightened = LibraSolver._tightened
+    monkeypatch.setattr(LibraSolver, "_tightened", lambda self, *a, met=False, **k: tightened(self, *a, **k))
+    descend_calls.clear()
+    m2, msg2 = stated()
+    assert m2 == m and descend_calls and ("1 rounds" in msg2 or sweep)
+
+
 def test_cli_explain_names_a_baseline_plan(tmp_path, capsys):
     """``libra-opt solve --explain`` says where hybrid's plan is a baseline's rather than listing
     no evictions (here, with the descents cut short by a time limit, ``swap-all``'s is the only

@@ -1025,7 +1025,7 @@ class LibraSolver(Solver):
         below = self._below_floor(problem, budget_bytes, pool)
         refs, more = self._rewindable(problem, self._refiners(problem)), []
         if below is not None:   # no descent run: the tightening's rounds run these, rewound after the first
-            raise self._tightened(problem, below, pool, refs, more)
+            raise self._tightened(problem, below, pool, refs, more, met=True)
         try:
             return self._solve_at(problem, budget_bytes, pool, refs, more)
         except InfeasibleBudgetError as e:
@@ -1282,7 +1282,8 @@ class LibraSolver(Solver):
         return min(ends, default=grid[hi]), failed
 
     def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError, pool: _BaselinePool | None,
-                   ran: list[Refiner] | None = None, ran_more: list[Refiner] | None = None) -> InfeasibleBudgetError:
+                   ran: list[Refiner] | None = None, ran_more: list[Refiner] | None = None,
+                   met: bool = False) -> InfeasibleBudgetError:
         """``err`` with a ``min_feasible_bytes`` that is a budget this solver
         then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
 
@@ -1298,12 +1299,20 @@ class LibraSolver(Solver):
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
         descents.  ``ran``, ``ran_more``: the descents and the fallback
         descents the solve ran, rewound for each round where they kept
-        checkpoints (:meth:`_first_planned`)."""
+        checkpoints (:meth:`_first_planned`).  ``met``: a solve at ``err``'s
+        stated minimum is known to meet it (:meth:`_below_floor`'s: a
+        baseline's plan peaks there, which :meth:`_plan` falls back on, or
+        it is the no-remat peak); where that minimum is the memory floor,
+        the only budget a round would plan, no round runs (a U-Net of 56
+        nodes at 0.3 of its peak, hybrid: one round of descents, 0.05 CPU s,
+        to verify what ``swap-all``'s plan shows)."""
         if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
             return err
         floor = memory_lower_bound(problem)
         lo, hi = max(int(err.budget_bytes), floor - 1), int(err.min_feasible_bytes)
         verified, rounds, peak = False, 0, no_remat_peak(problem)
+        if met and hi <= lo + 1:   # nothing under it to search, and a solve meets it
+            verified = True
         while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
             rounds += 1
             log_lo = math.log(max(lo, 1))
@@ -1322,6 +1331,9 @@ class LibraSolver(Solver):
             lo, hi, verified = max(lo, failed if failed is not None else lo), found, True
         if not verified:
             return err
+        if not rounds:
+            return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
+                                         "the memory floor: no plan fits under it, and a solve meets it")
         return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
                                      f"{self._tight_detail} ({rounds} rounds; the highest budget found infeasible "
                                      f"is {lo} bytes)")
@@ -1657,14 +1669,16 @@ class LibraSolver(Solver):
         spent = [ref.clock_s() for ref in refs]
         pool = self._pool(problem)
         out, missed, stalling = [], [], []
+        met_ids: set[int] = set()   # the errors of budgets under the floor (_below_floor): their minimum is met
         for b in bb:
             t1 = time.perf_counter()
             these = [s.get(b) for s in snaps]
             below = self._below_floor(problem, b, pool)
             if below is not None:   # no plan fits: the tightening below states the smallest budget met
                 if raise_on_infeasible:
-                    raise self._tightened(problem, below, pool, *ran) from None
+                    raise self._tightened(problem, below, pool, *ran, met=True) from None
                 missed.append((len(out), below, time.perf_counter() - t1))
+                met_ids.add(id(below))
                 out.append(None)
                 continue
             # this budget's own time: each descent's clock when it first got under b (all of it
@@ -1703,7 +1717,7 @@ class LibraSolver(Solver):
         if missed:   # one tightening for the sweep, from its highest infeasible budget
             t1 = time.perf_counter()
             top = max(missed, key=lambda m: m[1].budget_bytes)
-            tight = self._tightened(problem, top[1], pool, *ran)
+            tight = self._tightened(problem, top[1], pool, *ran, met=id(top[1]) in met_ids)
             extra_s = time.perf_counter() - t1
             for i, e, s in missed:
                 if tight is not top[1]:

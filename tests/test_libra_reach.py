@@ -213,6 +213,28 @@ def test_under_the_floor_a_minimum_a_baseline_meets_at_the_floor_needs_no_round(
     assert m2 == m and descend_calls and ("1 rounds" in msg2 or sweep)
 
 
+def test_swap_only_mode_is_never_above_swap_all_and_states_no_higher_minimum(descend_calls):
+    """Swap-only mode's portfolio holds ``swap-all``'s plans (as hybrid's does): where they meet a
+    budget its plan is no costlier, and under the memory floor its stated minimum is no higher than
+    ``swap-all``'s (it stated 7,958 bytes on this graph, where ``swap-all`` peaks at the floor,
+    7,955, and a swap-only solve meets that): here the floor, with no descent run, and met."""
+    from libra_opt.frontend.generators import early_regeneration_graph
+
+    p = early_regeneration_graph(100)
+    floor = memory_lower_bound(p)
+    solver = get_solver("libra", policy="swap")
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solver.solve(p, floor // 2)
+    base = get_solver("swap-all").solve(p, floor // 2, raise_on_infeasible=False)
+    assert info.value.min_feasible_bytes == floor <= base.min_feasible_bytes and not descend_calls
+    assert_fits(p, solver.solve(p, floor))
+    for frac in (0.9, 0.7, 0.6):
+        mine, theirs = solver.solve(p, frac, raise_on_infeasible=False), get_solver("swap-all").solve(p, frac)
+        # (at the float precision of the step's time: the simulator's queue times are sums of floats)
+        assert mine.success and mine.added_s <= theirs.added_s + 1e-9 * p.total_compute_s
+        assert not mine.schedule.recomputed_nodes()
+
+
 def test_cli_explain_names_a_baseline_plan(tmp_path, capsys):
     """``libra-opt solve --explain`` says where hybrid's plan is a baseline's rather than listing
     no evictions (here, with the descents cut short by a time limit, ``swap-all``'s is the only

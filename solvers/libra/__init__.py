@@ -8,6 +8,6 @@ finish step (:mod:`.finish`), exchange moves (:mod:`.exchange`) and decision rec
 module.
 """
 from .solver import (ALWAYS_COMPARED, POLICY_MODES, PORTFOLIO_BASELINES, REACH_BASELINES,
-                     RECOMPUTE_BASELINES, WINDOW_MODES, LibraOptions, LibraSolver)
+                     RECOMPUTE_BASELINES, SWAP_BASELINES, WINDOW_MODES, LibraOptions, LibraSolver)
 
 __all__ = ["LibraSolver", "LibraOptions"]

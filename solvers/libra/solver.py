@@ -271,6 +271,8 @@ class LibraOptions:
         it is never above them; on problems of more than
         ``LibraSolver.POOL_MAX_NODES`` nodes (1,000) only where no descent
         meets the budget (their plans cost seconds to build there).  In
+        swap-only mode: compare with ``swap-all``'s plans at every budget
+        (so it is never above them, and meets every budget they meet).  In
         swap-only and hybrid mode: where the descents stop above a budget, the
         bulk move too (``_BulkSwapRefiner``; with ``swap_waits`` not ``False``).  The result's ``extras["descent"]`` says
         which descent (or baseline) the plan came from.  ``max_steps`` and
@@ -378,6 +380,8 @@ ALWAYS_COMPARED = ("swap-all",)
 REACH_BASELINES = ("swap-all", "checkpoint-all")
 #: recompute-only mode's portfolio, compared at every budget (each a recompute-only plan)
 RECOMPUTE_BASELINES = ("checkpoint-all", "chen-sqrt", "chen-greedy")
+#: swap-only mode's portfolio, compared at every budget (a swap-only plan)
+SWAP_BASELINES = ("swap-all",)
 
 class _BaselinePool:
     """The built-in baselines' plans (:meth:`~libra_opt.solvers.baselines.SwapAllSolver.candidates`
@@ -1067,10 +1071,9 @@ class LibraSolver(Solver):
         stated minimum is then the descents' own, which needs them run)."""
         if not self._under_floor(problem, budget):
             return None
-        o = self.options
         least = no_remat_peak(problem)
         if pool is not None:
-            least = pool.min_peak(RECOMPUTE_BASELINES if o.policy == "recompute" else REACH_BASELINES, least)
+            least = pool.min_peak(self._reach_baselines(), least)
         return InfeasibleBudgetError(budget, least, self.name, "the budget is under the memory floor, where no plan fits")
 
     def _solve_at(self, problem: RematProblem, budget_bytes: int, pool: _BaselinePool | None,
@@ -1340,11 +1343,17 @@ class LibraSolver(Solver):
 
     def _pool(self, problem: RematProblem) -> _BaselinePool | None:
         """The baselines' plans the portfolio compares with: hybrid's, or in
-        recompute-only mode :data:`RECOMPUTE_BASELINES` (``None`` without the
-        portfolio, or in swap-only mode)."""
-        if self.options.policy != "swap" and self.options.portfolio:
-            return _BaselinePool(problem)
-        return None
+        recompute-only mode :data:`RECOMPUTE_BASELINES`, in swap-only mode
+        :data:`SWAP_BASELINES` (``None`` without the portfolio)."""
+        return _BaselinePool(problem) if self.options.portfolio else None
+
+    def _reach_baselines(self) -> tuple[str, ...]:
+        """The baselines whose plans bound how low a solve reaches (a solve
+        falls back on them where no descent meets a budget, :meth:`_plan`):
+        :data:`RECOMPUTE_BASELINES` in recompute-only mode,
+        :data:`SWAP_BASELINES` in swap-only mode, :data:`REACH_BASELINES` in
+        hybrid mode."""
+        return {"recompute": RECOMPUTE_BASELINES, "swap": SWAP_BASELINES}.get(self.options.policy, REACH_BASELINES)
 
     def _plan(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int,
               pool: _BaselinePool | None = None, met_only: bool = False, done: dict | None = None) -> RawSolution:
@@ -1355,7 +1364,8 @@ class LibraSolver(Solver):
         cheaper: ``swap-all``'s at every budget; where no descent meets the
         budget, ``swap-all``'s or ``checkpoint-all``'s (the least memory of
         each policy) and, where one of them meets it, the cheapest of every
-        baseline's that does (recompute-only mode: see ``LibraOptions.portfolio``).
+        baseline's that does (recompute-only and swap-only mode: their own
+        baselines, see ``LibraOptions.portfolio``).
         ``met_only``: only whether the budget is met (the tightening): the
         first plan found within it, without exchange moves or the passes
         that only save time (``polish=False`` of ``Refiner.prepare``), and
@@ -1364,7 +1374,7 @@ class LibraSolver(Solver):
         found = self._libra_plan(refs, snaps, budget, met_only, done)
         if met_only and found is not None:
             return found
-        recompute = self.options.policy == "recompute"
+        recompute, swap = self.options.policy == "recompute", self.options.policy == "swap"
         # where no descent meets the budget, the least they meet (over it): the baselines' plans are lowered
         # only until their peak reaches it (:meth:`_BaselinePool.best`)
         least = None if found is not None else min(ref.min_feasible_bytes() for ref in refs)
@@ -1376,11 +1386,13 @@ class LibraSolver(Solver):
                 hit = pool.best(RECOMPUTE_BASELINES, budget, below, least) if found is None or below > 0 else None
             elif recompute:
                 hit = None
+            elif swap:
+                hit = pool.best(SWAP_BASELINES, budget, below, least) if found is None or below > 0 else None
             elif found is not None and small:   # hybrid: every baseline, as recompute-only mode compares its own
                 hit = pool.best(PORTFOLIO_BASELINES, budget, below) if below > 0 else None
             else:
                 hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget, below, least)
-            if found is None and hit is not None and not recompute:
+            if found is None and hit is not None and not recompute and not swap:
                 # one meets it: the checkpointing ones may be cheaper
                 hit = pool.best(PORTFOLIO_BASELINES, budget, least=least)
             if hit is not None and (found is None or hit[1].simulation.added_s < found.simulation.added_s):
@@ -1388,7 +1400,7 @@ class LibraSolver(Solver):
         if found is not None:
             return found
         if pool is not None:
-            least = pool.min_peak(RECOMPUTE_BASELINES if recompute else REACH_BASELINES, least)
+            least = pool.min_peak(self._reach_baselines(), least)
         raise InfeasibleBudgetError(budget, least, self.name,
                                     f"{refs[0].step} refinement steps, policy {self.options.policy!r}"
                                     + (", and the baselines of the portfolio" if pool is not None else ""))

@@ -1324,7 +1324,10 @@ class LibraSolver(Solver):
             # TIGHTEN_GRID..TIGHTEN_GRID_MAX
             need = math.ceil(span / -math.log1p(-self.TIGHTEN_REL / 2)) + 1 if span > 0 else 0
             k = min(max(self.TIGHTEN_GRID, need), self.TIGHTEN_GRID_MAX)
-            grid = sorted({min(max(int(round(math.exp(log_lo + span * i / k))), lo + 1), hi) for i in range(1, k + 1)})
+            grid = {min(max(int(round(math.exp(log_lo + span * i / k))), lo + 1), hi) for i in range(1, k + 1)}
+            if lo < floor <= hi:   # the floor too: where every storage can be swapped, plans often reach it
+                grid.add(floor)
+            grid = sorted(grid)
             found, failed = self._first_planned(problem, grid, pool, ran, ran_more)
             if found is None:   # not even the stated minimum: look above it, up to the no-remat peak
                 if hi >= peak:

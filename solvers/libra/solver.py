@@ -79,7 +79,8 @@ descent meets the budget one from each other end, their plans finished
 apart and returned where cheaper; in swap-only mode, where the descents stop above a
 budget, a *bulk move* (every window swapped at once, waiting for its copy out
 and swapped in right before its use, then what the budget does not need given
-back: :class:`_BulkSwapRefiner`) plans down to the memory floor; in recompute-only mode the portfolio holds
+back: :class:`_BulkSwapRefiner`) plans down to the memory floor, and the portfolio holds ``swap-all``'s plans
+at every budget; in recompute-only mode the portfolio holds
 ``checkpoint-all``'s, ``chen-sqrt``'s and ``chen-greedy``'s plans at every
 budget (on problems of up to 1,000 nodes; on larger ones where no descent
 meets the budget); in both modes, where no descent meets a budget, the
@@ -1295,7 +1296,8 @@ class LibraSolver(Solver):
         meets.  Each round plans a geometric grid of :attr:`TIGHTEN_GRID` (up to :attr:`TIGHTEN_GRID_MAX`)
         budgets from the highest budget known infeasible (at least the memory
         floor, :func:`~libra_opt.bounds.memory_lower_bound`) up to the lowest
-        known plannable, from one set of descents, and finds the smallest one
+        known plannable, and the floor itself where it lies in that range
+        (the grid steps over it; plans that swap often reach it), from one set of descents, and finds the smallest one
         met by bisection (:meth:`_first_planned`); at most :attr:`TIGHTEN_ROUNDS` rounds, until the gap is under 1%.
         Where the stated minimum itself is not met, the next round looks
         above it, up to the no-remat peak, which the descents always meet.  Skipped (the stated

@@ -28,10 +28,17 @@ the problem (``problem.replace()``: the per-problem caches -- tables,
 lowering and simulator tables, the solvers' memos, the no-remat peak -- are
 empty, as on a user's first call), timed with ``time.process_time()`` (CPU
 seconds of this process: the fairer number on a shared machine) and
-``time.perf_counter()`` (wall).  The row's rate is CPU seconds per 1,000
-ops.  An infeasible budget is timed all the same: there ``libra`` runs the
-tightening of the minimum budget it states (several sets of descents), so
-those rows are counted apart in the summary.
+``time.perf_counter()`` (wall).  As ``timeit`` does, Python's cyclic
+garbage collector is off while a row runs, and the earlier rows' garbage is
+collected before it (``gc.collect()``, not timed): otherwise a full
+collection of the benchmark's heap, 0.08-0.11 CPU s with the problems it
+holds, landed in whichever row triggered it (2.4 CPU s over libra's 414
+timed rows, the warm-up's included, in a run of issue 16's stop 46;
+``libra`` pauses the collector during its solve, so its garbage was
+collected inside the next rows' time).  The row's rate is CPU seconds per
+1,000 ops.  An infeasible budget is timed all the same: there ``libra``
+runs the tightening of the minimum budget it states (several sets of
+descents), so those rows are counted apart in the summary.
 
 One-time costs are not charged to a row: before the first row the script
 imports what the solvers import lazily (``scipy.optimize``, which libra's
@@ -71,6 +78,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import gc
 import platform
 import sys
 import time
@@ -289,14 +297,21 @@ def timed_solve(problem, budget: float, row: SolverRow, breakdown: bool = False)
 
     fresh = problem.replace()   # a new problem object: every per-problem cache is cold
     clock = PhaseClock() if breakdown and row.name == "libra" else None
-    with clock if clock is not None else contextlib.nullcontext():
-        c0, w0 = time.process_time(), time.perf_counter()
-        try:
-            res = solve(fresh, budget, row.name, raise_on_infeasible=False, **row.options)
-            err = None
-        except Exception as e:  # a solver's failure is part of what is reported
-            res, err = None, f"{type(e).__name__}: {str(e)[:200]}"
-        cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    gc.collect()   # the earlier rows' garbage, not this row's time; the collector is off while it runs (timeit's rule)
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        with clock if clock is not None else contextlib.nullcontext():
+            c0, w0 = time.process_time(), time.perf_counter()
+            try:
+                res = solve(fresh, budget, row.name, raise_on_infeasible=False, **row.options)
+                err = None
+            except Exception as e:  # a solver's failure is part of what is reported
+                res, err = None, f"{type(e).__name__}: {str(e)[:200]}"
+            cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+    finally:
+        if was:
+            gc.enable()
     out = {"cpu_s": cpu, "wall_s": wall, "outcome": "error", "peak_frac": "", "min_feasible_frac": "",
            "added_s": "", "message": err or ""}
     if clock is not None:

@@ -1030,7 +1030,7 @@ class LibraSolver(Solver):
         below = self._below_floor(problem, budget_bytes, pool)
         refs, more = self._rewindable(problem, self._refiners(problem)), []
         if below is not None:   # no descent run: the tightening's rounds run these, rewound after the first
-            raise self._tightened(problem, below, pool, refs, more, met=True)
+            raise self._tightened(problem, below, pool, refs, more)
         try:
             return self._solve_at(problem, budget_bytes, pool, refs, more)
         except InfeasibleBudgetError as e:
@@ -1286,8 +1286,7 @@ class LibraSolver(Solver):
         return min(ends, default=grid[hi]), failed
 
     def _tightened(self, problem: RematProblem, err: InfeasibleBudgetError, pool: _BaselinePool | None,
-                   ran: list[Refiner] | None = None, ran_more: list[Refiner] | None = None,
-                   met: bool = False) -> InfeasibleBudgetError:
+                   ran: list[Refiner] | None = None, ran_more: list[Refiner] | None = None) -> InfeasibleBudgetError:
         """``err`` with a ``min_feasible_bytes`` that is a budget this solver
         then meets, within :attr:`TIGHTEN_REL` of the smallest it can plan.
 
@@ -1304,19 +1303,19 @@ class LibraSolver(Solver):
         minimum as it was) when ``max_steps`` or ``time_limit_s`` bound the
         descents.  ``ran``, ``ran_more``: the descents and the fallback
         descents the solve ran, rewound for each round where they kept
-        checkpoints (:meth:`_first_planned`).  ``met``: a solve at ``err``'s
-        stated minimum is known to meet it (:meth:`_below_floor`'s: a
-        baseline's plan peaks there, which :meth:`_plan` falls back on, or
-        it is the no-remat peak); where that minimum is the memory floor,
-        the only budget a round would plan, no round runs (a U-Net of 56
-        nodes at 0.3 of its peak, hybrid: one round of descents, 0.05 CPU s,
-        to verify what ``swap-all``'s plan shows)."""
+        checkpoints (:meth:`_first_planned`).  Under the memory floor the
+        stated minimum is :meth:`_below_floor`'s, which a solve meets (a
+        baseline's plan peaks there, which :meth:`_plan` falls back on, or it
+        is the no-remat peak): where it is the floor itself, the only budget
+        a round would plan, no round runs (a U-Net of 56 nodes at 0.3 of its
+        peak, hybrid: one round of descents, 0.05 CPU s, to verify what
+        ``swap-all``'s plan shows)."""
         if err.min_feasible_bytes is None or self.options.max_steps is not None or self.options.time_limit_s is not None:
             return err
         floor = memory_lower_bound(problem)
         lo, hi = max(int(err.budget_bytes), floor - 1), int(err.min_feasible_bytes)
         verified, rounds, peak = False, 0, no_remat_peak(problem)
-        if met and hi <= lo + 1:   # nothing under it to search, and a solve meets it
+        if hi <= lo + 1 and self._under_floor(problem, int(err.budget_bytes)):   # _below_floor's: a solve meets it
             verified = True
         while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
             rounds += 1
@@ -1379,7 +1378,7 @@ class LibraSolver(Solver):
         found = self._libra_plan(refs, snaps, budget, met_only, done)
         if met_only and found is not None:
             return found
-        recompute, swap = self.options.policy == "recompute", self.options.policy == "swap"
+        recompute, single = self.options.policy == "recompute", self.options.policy != "hybrid"
         # where no descent meets the budget, the least they meet (over it): the baselines' plans are lowered
         # only until their peak reaches it (:meth:`_BaselinePool.best`)
         least = None if found is not None else min(ref.min_feasible_bytes() for ref in refs)
@@ -1387,17 +1386,15 @@ class LibraSolver(Solver):
             small = pool.problem.num_nodes <= self.POOL_MAX_NODES
             # where a descent's plan is found, only baselines' plans that can be cheaper are built
             below = found.simulation.added_s if found is not None else None
-            if recompute and (found is None or small):
-                hit = pool.best(RECOMPUTE_BASELINES, budget, below, least) if found is None or below > 0 else None
-            elif recompute:
+            if single and (found is None or small or not recompute):   # the single policy's own baselines
+                hit = pool.best(self._reach_baselines(), budget, below, least) if found is None or below > 0 else None
+            elif single:   # recompute-only on a large problem: only where no descent meets the budget
                 hit = None
-            elif swap:
-                hit = pool.best(SWAP_BASELINES, budget, below, least) if found is None or below > 0 else None
             elif found is not None and small:   # hybrid: every baseline, as recompute-only mode compares its own
                 hit = pool.best(PORTFOLIO_BASELINES, budget, below) if below > 0 else None
             else:
                 hit = pool.best(ALWAYS_COMPARED if found is not None else REACH_BASELINES, budget, below, least)
-            if found is None and hit is not None and not recompute and not swap:
+            if found is None and hit is not None and not single:
                 # one meets it: the checkpointing ones may be cheaper
                 hit = pool.best(PORTFOLIO_BASELINES, budget, least=least)
             if hit is not None and (found is None or hit[1].simulation.added_s < found.simulation.added_s):
@@ -1686,16 +1683,14 @@ class LibraSolver(Solver):
         spent = [ref.clock_s() for ref in refs]
         pool = self._pool(problem)
         out, missed, stalling = [], [], []
-        met_ids: set[int] = set()   # the errors of budgets under the floor (_below_floor): their minimum is met
         for b in bb:
             t1 = time.perf_counter()
             these = [s.get(b) for s in snaps]
             below = self._below_floor(problem, b, pool)
             if below is not None:   # no plan fits: the tightening below states the smallest budget met
                 if raise_on_infeasible:
-                    raise self._tightened(problem, below, pool, *ran, met=True) from None
+                    raise self._tightened(problem, below, pool, *ran) from None
                 missed.append((len(out), below, time.perf_counter() - t1))
-                met_ids.add(id(below))
                 out.append(None)
                 continue
             # this budget's own time: each descent's clock when it first got under b (all of it
@@ -1734,7 +1729,7 @@ class LibraSolver(Solver):
         if missed:   # one tightening for the sweep, from its highest infeasible budget
             t1 = time.perf_counter()
             top = max(missed, key=lambda m: m[1].budget_bytes)
-            tight = self._tightened(problem, top[1], pool, *ran, met=id(top[1]) in met_ids)
+            tight = self._tightened(problem, top[1], pool, *ran)
             extra_s = time.perf_counter() - t1
             for i, e, s in missed:
                 if tight is not top[1]:

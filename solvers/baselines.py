@@ -40,6 +40,7 @@ import numpy as np
 
 from libra_opt.errors import BudgetExceededError, InfeasibleBudgetError
 from libra_opt.passes.lowering import Policy, default_windows, evictions_for, lower
+from libra_opt.passes.peak_bound import PeakProver
 from libra_opt.ir.problem import ACTIVATION, RematProblem
 from libra_opt.ir.schedule import Schedule, no_remat_schedule
 from libra_opt.passes.simulator import SimulationResult, Simulator, no_remat_peak, simulate
@@ -416,7 +417,7 @@ def _checkpoint_candidate(problem: RematProblem, checkpoints, windows, message: 
     def build(limit: int | None) -> BaselinePlan | None:
         got = _evaluate(problem, dec, segwin, limit=limit)
         return None if got is None else BaselinePlan(*got, message, extras)
-    return BaselineCandidate(build, recompute_bound_s(problem, dec))
+    return BaselineCandidate(build, recompute_bound_s(problem, dec), PeakProver(problem, dec, segwin))
 
 
 def _candidates(problem: RematProblem, which: str) -> list[int]:
@@ -565,6 +566,10 @@ class BaselineCandidate:
         Lowers and simulates the plan; given a limit (bytes), may stop and
         return ``None`` once the plan's peak is over it (:func:`_evaluate`).
     added_s_bound : float
+    prover : PeakProver, optional
+        Proves the plan's peak over a limit without building it
+        (:class:`~libra_opt.passes.peak_bound.PeakProver`; the recompute
+        baselines' plans): :meth:`plan_within` asks it first.
 
     Methods
     -------
@@ -573,23 +578,24 @@ class BaselineCandidate:
         :class:`BaselinePlan` after (errors of the lowering propagate).
     plan_within(limit) -> BaselinePlan or None
         The same, or ``None`` where the plan's simulated peak is over
-        ``limit`` bytes and it has not been built in whole (the lowering
-        stops where the peak passes the limit).
+        ``limit`` bytes and it has not been built in whole (the prover shows
+        it, or the lowering stops where the peak passes the limit).
     cannot_beat(added_s, total_compute_s) -> bool
         The plan's added time is certainly above ``added_s``: it can neither
         be cheaper nor tie, so it need not be built.
     """
 
-    __slots__ = ("added_s_bound", "_build", "_plan", "_over")
+    __slots__ = ("added_s_bound", "_build", "_plan", "_over", "_prover")
 
     #: relative slack on the bound (the simulator sums the times in another order than the bound)
     BOUND_SLACK = 1e-9
 
-    def __init__(self, build, added_s_bound: float = 0.0):
+    def __init__(self, build, added_s_bound: float = 0.0, prover: PeakProver | None = None):
         self.added_s_bound = float(added_s_bound)
         self._build = build
         self._plan: BaselinePlan | None = None
         self._over = -1   # the largest limit (bytes) the plan's peak is known to be over (-1: none)
+        self._prover = prover
 
     def cannot_beat(self, added_s: float, total_compute_s: float) -> bool:
         """Whether the plan's simulated added time is certainly above
@@ -607,7 +613,8 @@ class BaselineCandidate:
         (bytes; ``None``: no limit) and it was not built before (see the class
         docstring)."""
         if self._plan is None:
-            if limit is not None and limit <= self._over:
+            if limit is not None and (limit <= self._over or (self._prover is not None and self._prover.over(limit))):
+                self._over = max(self._over, limit)
                 return None
             plan = self._build(limit)
             if plan is None:
@@ -764,7 +771,7 @@ class CheckpointAllSolver(Solver):
             return None if got is None else BaselinePlan(
                 *got, f"recompute {n} of {len(windows)} saved activation storages",
                 {"recomputed_storages": n, "kept_storages": len(dec) - n})
-        yield BaselineCandidate(build, recompute_bound_s(problem, dec))
+        yield BaselineCandidate(build, recompute_bound_s(problem, dec), PeakProver(problem, dec, windows))
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.candidates(problem), budget_bytes, self.name,

@@ -1,0 +1,255 @@
+"""A proof that a recompute-only plan peaks over a limit, without lowering it.
+
+The built-in checkpointing baselines (``checkpoint-all``, ``chen-sqrt``,
+``chen-greedy``: :mod:`libra_opt.solvers.baselines`) give one recompute
+decision per storage over one window each.  Lowering such a plan and
+simulating it costs a walk of every chain it runs: on a 1,000-node random
+layered graph ``checkpoint-all``'s plan is 500,277 instructions (1.8 CPU s),
+and ``libra``'s portfolio lowers it only to learn that its peak is over the
+least peak ``libra`` found (0.23 s until it passes it).  :class:`PeakProver`
+answers that question from a few chains instead: the memory at any instant
+of the simulation is a lower bound on its peak, and the instants it looks at
+are those of the chains the lowering would run before a few nodes, replayed
+on their own.
+
+What makes one chain replayable alone: on a problem where every activation
+is its own storage (no views) and under recompute decisions only, whether a
+tensor is resident before node ``i``'s chain is a closed-form function of
+``i`` (:meth:`PeakProver.missing`), the rule of
+:class:`~libra_opt.passes.lowering._Lowerer`:
+
+- produced before ``i`` and read at or after ``i`` (a step output: always
+  after its producer), and
+- not inside its eviction window ``(a, b)`` (``a < i <= b``: freed after
+  ``a``; a chain inside the window that reads it drops it again, and node
+  ``b``'s chain brings it back),
+- except between a window's end ``b`` and the storage's first read at or
+  after it where ``b`` does not read it (Chen's segment windows): there it
+  is resident only if some chain since ``b`` read it.  Such a query makes
+  the prover give up that chain (it proves nothing from it).
+
+With that, the chain is :func:`~libra_opt.passes.regeneration.regeneration_steps`'
+walk, as the lowering runs it.  The memory counted at each of its steps is
+what is surely resident then: the storages resident before the chain, the
+tensors the chain made that a later step or the node still reads (the drop
+rule frees a tensor only once no read is pending), and the step's new
+outputs and workspace (the simulator's ``Compute``: outputs allocated at its
+start, workspace on top).  It leaves out what the lowering may also hold
+(outputs recomputed while resident, made tensors not yet dropped), so it is
+never above the simulated memory at that instant; on the baselines' plans of
+random layered graphs the largest chain value equals the simulated peak.
+
+Source: the regeneration rule of Checkmate's plan generation (Jain et al.,
+MLSys 2020, sec. 4.5) as :mod:`libra_opt.passes.regeneration` states it; the
+simulator's memory rules (:mod:`libra_opt.passes.simulator`).
+"""
+from __future__ import annotations
+
+import bisect
+from typing import Mapping
+
+import numpy as np
+
+from libra_opt.ir.problem import RematProblem
+from libra_opt.passes.lowering import Policy
+from libra_opt.passes.regeneration import regeneration_steps
+
+__all__ = ["PeakProver"]
+
+
+class _Unknown(Exception):
+    """A chain asks about a tensor whose residency the prover cannot tell (or needs a node that cannot run
+    again): that chain proves nothing."""
+
+
+class PeakProver:
+    """Proves that the plan the lowering makes of ``decisions`` over
+    ``windows`` peaks over a limit, by replaying a few of its chains.
+
+    Parameters
+    ----------
+    problem : RematProblem
+    decisions : mapping of int to Policy
+        Storage -> policy (``KEEP`` or ``RECOMPUTE``), as given to
+        :func:`~libra_opt.passes.lowering.evictions_for`.
+    windows : mapping of int to (int, int)
+        Storage -> its eviction window ``(after, before)`` (positions); a
+        storage recomputed is evicted over its window (one per storage).
+
+    Attributes
+    ----------
+    applicable : bool
+        Whether the prover can say anything: every activation is its own
+        storage (no views) and no decision swaps.  Where it is ``False``,
+        :meth:`over` is always ``False``.
+    known_bytes : int
+        The most memory found at an instant of the plan so far (bytes; 0
+        before any proof was asked for): a lower bound on its simulated peak.
+        The first proof counts every node's own run (what is resident before
+        it, its outputs and workspace), then the chains replayed.
+
+    Methods
+    -------
+    over(limit) -> bool
+        ``True`` only where the plan's simulated peak is surely over
+        ``limit`` bytes.
+
+    Cost: the surely-resident bytes before every node (one pass over the
+    tensors, on first use), then one chain replay per node, the chains that
+    can hold the most first (by an upper bound on what a replay finds),
+    until one is over the limit, none left can be, or
+    :attr:`STEPS_PER_NODE` times the node count of chain steps are spent
+    (over every call).  On the 1,000-node random layered graph
+    ``checkpoint-all``'s plan is proven over ``libra``'s least peak from its
+    first chain (0.003 CPU s, where lowering it that far takes 0.23 s).
+    """
+
+    #: chain steps the prover replays at most, per node of the problem, over all calls
+    STEPS_PER_NODE = 16
+
+    def __init__(self, problem: RematProblem, decisions: Mapping[int, Policy],
+                 windows: Mapping[int, tuple[int, int]]):
+        self.problem = problem
+        tb = problem.tables
+        self.applicable = (tb.memo("peak_bound.no_views", lambda: all(
+            tb.t_storage[t] == t for t in range(len(problem.tensors)) if tb.t_act[t]))
+            and all(p != Policy.SWAP for p in decisions.values()))
+        self._evicted = {s: (int(windows[s][0]), int(windows[s][1])) for s, p in decisions.items()
+                         if p == Policy.RECOMPUTE and s in windows} if self.applicable else {}
+        self.known_bytes = 0
+        self._base: np.ndarray | None = None
+        self._order: list[int] | None = None
+        self._next = 0                   # index into _order of the next chain to replay
+        self._steps_left = self.STEPS_PER_NODE * problem.num_nodes
+        self._reread: dict[int, int] = {}   # storage -> its first read at or after its window's end
+
+    # ------------------------------------------------------------------ rule
+    def _build(self) -> None:
+        """The surely-resident bytes before each node's chain (``_base``,
+        int64 of shape ``(N,)``) and the order the chains are replayed in."""
+        p = self.problem
+        tb = p.tables
+        N = p.num_nodes
+        nb, act, out, last, prod = tb.t_nbytes, tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod
+        d = np.zeros(N + 1, dtype=np.int64)
+        for t in range(len(p.tensors)):
+            if act[t] and nb[t]:
+                lo, hi = prod[t] + 1, N - 1 if out[t] else last[t]
+                if lo <= hi:
+                    d[lo] += nb[t]
+                    d[hi + 1] -= nb[t]
+        for s, (a, b) in self._evicted.items():
+            cons = tb.t_cons[s]
+            k = bisect.bisect_left(cons, b)
+            r = cons[k] if k < len(cons) else b
+            self._reread[s] = r
+            d[a + 1] -= nb[s]      # off after a, and until its first read from b on (it may come back sooner)
+            d[r + 1] += nb[s]
+        self._base = np.cumsum(d[:N])
+        outs = np.array([sum(nb[t] for t in o) for o in tb.n_outputs], dtype=np.int64)
+        ws = np.array(tb.n_ws, dtype=np.int64)
+        # each node's own run (no chain counted): what is resident before it, its outputs and its workspace
+        self.known_bytes = max(self.known_bytes, int((self._base + outs + ws).max(initial=0)))
+        # the most a replay of node i's chain can find: every activation produced before i, once, node i's
+        # outputs and the largest workspace up to i.  Chains are replayed in its order (on a single-phase
+        # graph, the last nodes' chains recompute nearly the whole graph and hold the most), and none whose
+        # bound is at or under a limit is replayed for it
+        produced = np.concatenate([[0], np.cumsum(outs)[:-1]]) if N else outs
+        self._upper = produced + outs + np.maximum.accumulate(ws) if N else outs
+        self._order = np.argsort(-self._upper, kind="stable").tolist()
+
+    def missing(self, t: int, i: int) -> bool:
+        """Whether tensor ``t`` is off the device before node ``i``'s chain
+        (see the module docstring); raises ``_Unknown`` where it cannot tell."""
+        tb = self.problem.tables
+        if not tb.t_act[t]:
+            return False
+        if tb.t_prod[t] >= i or (not tb.t_out[t] and tb.t_last_read[t] < i):
+            return True
+        w = self._evicted.get(t)
+        if w is not None:
+            a, b = w
+            if a < i <= b:
+                return True
+            if b < i <= self._reread[t]:
+                raise _Unknown
+        return False
+
+    def chain_bytes(self, i: int) -> int | None:
+        """The most memory surely held at an instant of node ``i``'s chain or
+        of node ``i`` itself (bytes), or ``None`` where node ``i`` needs no
+        chain or the prover cannot replay it."""
+        tb = self.problem.tables
+        n_in, n_out, nb, ws, prod, recomp = tb.n_inputs, tb.n_outputs, tb.t_nbytes, tb.n_ws, tb.t_prod, tb.n_recomp
+        act, out, last, evicted, reread = tb.t_act, tb.t_out, tb.t_last_read, self._evicted.get, self._reread
+
+        def is_missing(t: int) -> bool:
+            """:meth:`missing` at ``i``, inlined (the walk asks it for every tensor it reaches)."""
+            if not act[t]:
+                return False
+            if prod[t] >= i or (last[t] < i and not out[t]):
+                return True
+            w = evicted(t)
+            if w is not None:
+                if w[0] < i <= w[1]:
+                    return True
+                if w[1] < i <= reread[t]:
+                    raise _Unknown
+            return False
+
+        needed = n_in[i]
+        try:
+            missing = [t for t in needed if is_missing(t)]
+            if not missing:
+                return None
+            steps, pending = regeneration_steps(needed, missing, is_missing, None, prod, n_in)
+            self._steps_left -= len(steps)
+            base = int(self._base[i])
+            made: dict[int, int] = {}   # tensors the chain made that are still counted -> bytes
+            cur = best = 0
+            for _, x in steps:
+                new = [t for t in n_out[x] if t not in made and is_missing(t)]
+                if not new:
+                    continue   # the lowering skips a node whose outputs are all resident
+                if not recomp[x]:
+                    raise _Unknown   # the lowering refuses the plan
+                here = sum(nb[t] for t in new)
+                best = max(best, cur + here + ws[x])
+                for t in new:
+                    made[t] = nb[t]
+                cur += here
+                for u in n_in[x]:
+                    pending[u] -= 1
+                for u in (*n_in[x], *new):
+                    if u in made and not pending.get(u, 0):
+                        cur -= made.pop(u)
+        except _Unknown:
+            return None
+        best = max(best, cur + sum(nb[t] for t in n_out[i]) + ws[i])   # node i: its inputs, its outputs
+        return base + best
+
+    # ----------------------------------------------------------------- proof
+    def over(self, limit: int) -> bool:
+        """Whether the plan's simulated peak is surely over ``limit`` (bytes):
+        some instant found (:meth:`chain_bytes`) holds more.  ``False``
+        means not proven (the peak may be over it or not)."""
+        if not self.applicable:
+            return False
+        if self.known_bytes > limit:
+            return True
+        if self._base is None:
+            self._build()
+            if self.known_bytes > limit:
+                return True
+        order = self._order
+        while self._next < len(order) and self._steps_left > 0:
+            i = order[self._next]
+            if self._upper[i] <= limit:   # no chain left can hold more than the limit
+                return False
+            self._next += 1
+            got = self.chain_bytes(i)
+            if got is not None and got > self.known_bytes:
+                self.known_bytes = got
+                if got > limit:
+                    return True
+        return False

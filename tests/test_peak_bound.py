@@ -1,0 +1,137 @@
+"""PeakProver: a recompute-only plan's peak proven over a limit from a few of its chains, never
+above the simulated peak (libra_opt.passes.peak_bound)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from libra_opt import generators as g
+from libra_opt.apps.fuzz import random_problem
+from libra_opt.passes.lowering import Policy, all_windows, default_windows
+from libra_opt.passes.peak_bound import PeakProver
+from libra_opt.solvers import baselines as B
+from libra_opt.solvers import solve
+
+
+def _every_chain(prover: PeakProver) -> int:
+    """The most memory the prover can find: every node's own run and every chain it can replay, bytes."""
+    prover.over(10 ** 18)   # (proves nothing: builds the bytes before each node, counts each node's own run)
+    chains = (prover.chain_bytes(i) for i in range(prover.problem.num_nodes))
+    return max([prover.known_bytes, *(c for c in chains if c is not None)])
+
+
+def _random_plan(p, rng: random.Random) -> tuple[dict, dict]:
+    """Recompute decisions over random windows: any gap between two uses, some cut to end at a node that
+    does not read the storage (as Chen's segment windows do)."""
+    gaps: dict[int, list] = {}
+    for s, a, b in all_windows(p):
+        gaps.setdefault(s, []).append((a, b))
+    dec, win = {}, {}
+    for s, ws in gaps.items():
+        if rng.random() < 0.6:
+            a, b = rng.choice(ws)
+            if b - a >= 3 and rng.random() < 0.3:
+                b = rng.randint(a + 2, b)
+            dec[s], win[s] = Policy.RECOMPUTE, (a, b)
+    return dec, win
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_the_prover_is_never_above_the_simulated_peak(seed):
+    """Over random recompute plans on graphs without views, the most memory the prover finds at an
+    instant is at most the simulated peak of the lowered plan, and every limit it proves is under it."""
+    rng = random.Random(seed)
+    make = (lambda: g.random_layered_graph(rng.randint(10, 90), seed=seed),
+            lambda: g.large_beside_small_graph(rng.randint(10, 90), seed=seed),
+            lambda: g.early_regeneration_graph(rng.randint(10, 50)))[seed % 3]
+    p = make()
+    for _ in range(4):
+        dec, win = _random_plan(p, rng)
+        prover = PeakProver(p, dec, win)
+        assert prover.applicable
+        peak = B._evaluate(p, dec, win)[1].peak_bytes
+        assert not PeakProver(p, dec, win).over(peak)
+        found = _every_chain(prover)
+        assert 0 < found <= peak
+        # the bound the chains are ordered by (and skipped under a limit by) holds for each
+        assert all(c is None or c <= prover._upper[i] for i, c in
+                   ((i, prover.chain_bytes(i)) for i in range(p.num_nodes)))
+
+
+@pytest.mark.parametrize("n, seed", [(30, 0), (60, 1), (100, 2)])
+def test_the_prover_finds_checkpoint_all_s_peak_on_random_layered_graphs(n, seed):
+    """Where every window ends at a read of its storage (checkpoint-all's plan), each chain it replays
+    is the lowering's: the most it finds is the simulated peak itself, and it proves the plan over any
+    limit under it."""
+    p = g.random_layered_graph(n, seed=seed)
+    w = default_windows(p)
+    dec = B.safe_recompute_decisions(p, w, w)
+    peak = B._evaluate(p, dec, w)[1].peak_bytes
+    assert _every_chain(PeakProver(p, dec, w)) == peak
+    assert PeakProver(p, dec, w).over(peak - 1)
+
+
+def test_the_prover_says_nothing_where_storages_hold_views():
+    """Views make residency depend on the lowering's history: the prover is not applicable and proves
+    nothing."""
+    p = next(q for q in (random_problem(k) for k in range(50))
+             if any(t.storage != t.id for t in q.tensors if t.kind == "activation"))
+    w = default_windows(p)
+    dec = B.safe_recompute_decisions(p, w, w)
+    prover = PeakProver(p, dec, w)
+    assert not prover.applicable
+    assert not prover.over(0)
+
+
+def test_a_proven_baseline_plan_is_not_lowered_and_the_stated_minimum_is_unchanged(monkeypatch):
+    """libra's recompute-only mode under its reach on a random layered graph compares the recompute
+    baselines' peaks with the least it found: the prover shows each over it, so none is lowered, and the
+    stated minimum is the one the lowering gives."""
+    p = g.random_layered_graph(120, seed=0)
+    lowered = []
+    real = B._evaluate
+
+    def counting(*a, **k):
+        lowered.append(k.get("limit"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(B, "_evaluate", counting)
+    r = solve(p.replace(), 0.3, "libra", policy="recompute", raise_on_infeasible=False)
+    assert not r.success and not lowered
+    monkeypatch.setattr(PeakProver, "over", lambda self, limit: False)
+    r2 = solve(p.replace(), 0.3, "libra", policy="recompute", raise_on_infeasible=False)
+    assert lowered   # without the proofs the plans are lowered ...
+    assert r2.min_feasible_bytes == r.min_feasible_bytes   # ... to the same answer
+
+
+@pytest.mark.parametrize("policy", ["recompute", "hybrid"])
+def test_libra_and_the_baselines_answer_the_same_with_the_prover(policy, monkeypatch):
+    """Planned and infeasible budgets on random layered graphs (where the checkpointing baselines' plans
+    peak over the no-remat peak): libra's plan, status, message and stated minimum, and each recompute
+    baseline's answer, are those of lowering the plans, the prover off."""
+    from libra_opt.solvers import get_solver
+
+    def answers():
+        out = []
+        for p in (g.random_layered_graph(60, seed=s) for s in (0, 3)):
+            for frac in (0.9, 0.72, 0.695, 0.6, 0.3):
+                r = get_solver("libra", policy=policy).solve(p.replace(), frac, raise_on_infeasible=False)
+                out.append((r.status, r.message, r.min_feasible_bytes,
+                            r.schedule.instructions if r.schedule else None))
+                for name in ("checkpoint-all", "chen-sqrt", "chen-greedy"):
+                    b = get_solver(name).solve(p.replace(), frac, raise_on_infeasible=False)
+                    out.append((name, b.status, b.message, b.min_feasible_bytes))
+        return out
+
+    real, proofs = PeakProver.over, []
+
+    def counted(self, limit):
+        proofs.append(real(self, limit))
+        return proofs[-1]
+
+    monkeypatch.setattr(PeakProver, "over", counted)
+    proven = answers()
+    assert any(proofs)
+    monkeypatch.setattr(PeakProver, "over", lambda self, limit: False)
+    assert proven == answers()

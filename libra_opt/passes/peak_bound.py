@@ -15,7 +15,7 @@ on their own.
 What makes one chain replayable alone: on a problem where every activation
 is its own storage (no views) and under recompute decisions only, whether a
 tensor is resident before node ``i``'s chain is a closed-form function of
-``i`` (:meth:`PeakProver.missing`), the rule of
+``i`` (``PeakProver._missing_at``), the rule of
 :class:`~libra_opt.passes.lowering._Lowerer`:
 
 - produced before ``i`` and read at or after ``i`` (a step output: always
@@ -46,7 +46,7 @@ simulator's memory rules (:mod:`libra_opt.passes.simulator`).
 from __future__ import annotations
 
 import bisect
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -158,33 +158,14 @@ class PeakProver:
         self._upper = produced + outs + np.maximum.accumulate(ws) if N else outs
         self._order = np.argsort(-self._upper, kind="stable").tolist()
 
-    def missing(self, t: int, i: int) -> bool:
-        """Whether tensor ``t`` is off the device before node ``i``'s chain
-        (see the module docstring); raises ``_Unknown`` where it cannot tell."""
+    def _missing_at(self, i: int) -> Callable[[int], bool]:
+        """The residency rule before node ``i``'s chain (see the module
+        docstring): ``missing(t)`` is whether tensor ``t`` is off the device
+        there; it raises ``_Unknown`` where the prover cannot tell."""
         tb = self.problem.tables
-        if not tb.t_act[t]:
-            return False
-        if tb.t_prod[t] >= i or (not tb.t_out[t] and tb.t_last_read[t] < i):
-            return True
-        w = self._evicted.get(t)
-        if w is not None:
-            a, b = w
-            if a < i <= b:
-                return True
-            if b < i <= self._reread[t]:
-                raise _Unknown
-        return False
+        act, out, last, prod, evicted, reread = tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod, self._evicted.get, self._reread
 
-    def chain_bytes(self, i: int) -> int | None:
-        """The most memory surely held at an instant of node ``i``'s chain or
-        of node ``i`` itself (bytes), or ``None`` where node ``i`` needs no
-        chain or the prover cannot replay it."""
-        tb = self.problem.tables
-        n_in, n_out, nb, ws, prod, recomp = tb.n_inputs, tb.n_outputs, tb.t_nbytes, tb.n_ws, tb.t_prod, tb.n_recomp
-        act, out, last, evicted, reread = tb.t_act, tb.t_out, tb.t_last_read, self._evicted.get, self._reread
-
-        def is_missing(t: int) -> bool:
-            """:meth:`missing` at ``i``, inlined (the walk asks it for every tensor it reaches)."""
+        def missing(t: int) -> bool:
             if not act[t]:
                 return False
             if prod[t] >= i or (last[t] < i and not out[t]):
@@ -196,7 +177,18 @@ class PeakProver:
                 if w[1] < i <= reread[t]:
                     raise _Unknown
             return False
+        return missing
 
+    def chain_bytes(self, i: int) -> int | None:
+        """The most memory surely held at an instant of node ``i``'s chain or
+        of node ``i`` itself (bytes), or ``None`` where node ``i`` needs no
+        chain or the prover cannot replay it (a residency it cannot tell, or
+        a node that cannot run again: the lowering refuses such a plan)."""
+        if self._base is None:
+            self._build()
+        tb = self.problem.tables
+        n_in, n_out, nb, ws, prod, recomp = tb.n_inputs, tb.n_outputs, tb.t_nbytes, tb.n_ws, tb.t_prod, tb.n_recomp
+        is_missing = self._missing_at(i)
         needed = n_in[i]
         try:
             missing = [t for t in needed if is_missing(t)]

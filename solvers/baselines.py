@@ -262,11 +262,14 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     and its simulation (no budget applied); or ``None`` where ``limit``
     (bytes) is given and the plan's simulated peak is over it.
 
-    With a ``limit``, the plan is simulated as it is lowered (the lowering's
-    ``watch``; :func:`_lower_within`) and both stop soon after the first
-    instruction that takes memory over ``limit``: a caller that only needs
-    to know whether the plan fits, or its peak where that is under some
-    other plan's, does not lower the rest.  On a 1,000-node random layered graph ``checkpoint-all``'s
+    With a ``limit``, the plan's :class:`~libra_opt.passes.peak_bound.PeakProver`
+    (one per plan, :func:`_prover`) is asked first: where it proves the peak
+    over ``limit`` from a few chains, nothing is lowered.  Otherwise the plan
+    is simulated as it is lowered (the lowering's ``watch``;
+    :func:`_lower_within`) and both stop soon after the first instruction
+    that takes memory over ``limit``: a caller that only needs to know
+    whether the plan fits, or its peak where that is under some other
+    plan's, does not lower the rest.  On a 1,000-node random layered graph ``checkpoint-all``'s
     plan passes the no-remat peak at instruction 366,510 of 500,277.
 
     Lowering and simulating are nearly all of a baseline's solve time (the
@@ -309,10 +312,24 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
         if limit is None:
             sched = lower(problem, evictions, prefetch=prefetch)
             got = built[key] = (sched, simulate(problem, sched))
+        elif _prover(problem, key, decisions, windows).over(limit):
+            built[key] = _Over(limit)
         else:
             got = _lower_within(problem, evictions, prefetch, limit)
             built[key] = _Over(limit) if got is None else got
     return got
+
+
+def _prover(problem: RematProblem, key: tuple, decisions: dict[int, Policy], windows) -> PeakProver:
+    """The plan's :class:`~libra_opt.passes.peak_bound.PeakProver`, one per
+    plan of the problem (``key``: :func:`_evaluate`'s), so that the chains it
+    replayed for one limit count for the next and for the baselines that
+    share the plan."""
+    provers = problem.tables.memo("baselines.provers", dict)
+    pr = provers.get(key)
+    if pr is None:
+        pr = provers[key] = PeakProver(problem, decisions, windows)
+    return pr
 
 
 #: instructions the lowering emits between two runs of the simulator in :func:`_lower_within` (a
@@ -417,7 +434,7 @@ def _checkpoint_candidate(problem: RematProblem, checkpoints, windows, message: 
     def build(limit: int | None) -> BaselinePlan | None:
         got = _evaluate(problem, dec, segwin, limit=limit)
         return None if got is None else BaselinePlan(*got, message, extras)
-    return BaselineCandidate(build, recompute_bound_s(problem, dec), PeakProver(problem, dec, segwin))
+    return BaselineCandidate(build, recompute_bound_s(problem, dec))
 
 
 def _candidates(problem: RematProblem, which: str) -> list[int]:
@@ -566,10 +583,6 @@ class BaselineCandidate:
         Lowers and simulates the plan; given a limit (bytes), may stop and
         return ``None`` once the plan's peak is over it (:func:`_evaluate`).
     added_s_bound : float
-    prover : PeakProver, optional
-        Proves the plan's peak over a limit without building it
-        (:class:`~libra_opt.passes.peak_bound.PeakProver`; the recompute
-        baselines' plans): :meth:`plan_within` asks it first.
 
     Methods
     -------
@@ -585,17 +598,16 @@ class BaselineCandidate:
         be cheaper nor tie, so it need not be built.
     """
 
-    __slots__ = ("added_s_bound", "_build", "_plan", "_over", "_prover")
+    __slots__ = ("added_s_bound", "_build", "_plan", "_over")
 
     #: relative slack on the bound (the simulator sums the times in another order than the bound)
     BOUND_SLACK = 1e-9
 
-    def __init__(self, build, added_s_bound: float = 0.0, prover: PeakProver | None = None):
+    def __init__(self, build, added_s_bound: float = 0.0):
         self.added_s_bound = float(added_s_bound)
         self._build = build
         self._plan: BaselinePlan | None = None
         self._over = -1   # the largest limit (bytes) the plan's peak is known to be over (-1: none)
-        self._prover = prover
 
     def cannot_beat(self, added_s: float, total_compute_s: float) -> bool:
         """Whether the plan's simulated added time is certainly above
@@ -613,8 +625,7 @@ class BaselineCandidate:
         (bytes; ``None``: no limit) and it was not built before (see the class
         docstring)."""
         if self._plan is None:
-            if limit is not None and (limit <= self._over or (self._prover is not None and self._prover.over(limit))):
-                self._over = max(self._over, limit)
+            if limit is not None and limit <= self._over:
                 return None
             plan = self._build(limit)
             if plan is None:
@@ -771,7 +782,7 @@ class CheckpointAllSolver(Solver):
             return None if got is None else BaselinePlan(
                 *got, f"recompute {n} of {len(windows)} saved activation storages",
                 {"recomputed_storages": n, "kept_storages": len(dec) - n})
-        yield BaselineCandidate(build, recompute_bound_s(problem, dec), PeakProver(problem, dec, windows))
+        yield BaselineCandidate(build, recompute_bound_s(problem, dec))
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.candidates(problem), budget_bytes, self.name,

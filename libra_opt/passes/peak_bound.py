@@ -12,32 +12,39 @@ of the simulation is a lower bound on its peak, and the instants it looks at
 are those of the chains the lowering would run before a few nodes, replayed
 on their own.
 
-What makes one chain replayable alone: on a problem where every activation
-is its own storage (no views) and under recompute decisions only, whether a
+What makes one chain replayable alone: under recompute decisions only (no
+swap, no retention, no early regeneration: the baselines' plans), whether a
 tensor is resident before node ``i``'s chain is a closed-form function of
 ``i`` (``PeakProver._missing_at``), the rule of
 :class:`~libra_opt.passes.lowering._Lowerer`:
 
 - produced before ``i`` and read at or after ``i`` (a step output: always
-  after its producer), and
-- not inside its eviction window ``(a, b)`` (``a < i <= b``: freed after
-  ``a``; a chain inside the window that reads it drops it again, and node
-  ``b``'s chain brings it back),
-- except between a window's end ``b`` and the storage's first read at or
-  after it where ``b`` does not read it (Chen's segment windows): there it
-  is resident only if some chain since ``b`` read it.  Such a query makes
-  the prover give up that chain (it proves nothing from it).
+  after its producer; a base read for the last time is freed even where a
+  view keeps its storage), and
+- not inside its storage's eviction window ``(a, b)`` (``a < i <= b``: every
+  tensor on it is freed after ``a``; a chain inside the window that reads it
+  drops it again, and node ``b``'s chain brings back what ``b`` reads),
+- except between a window's end ``b`` and the tensor's first read at or
+  after it where ``b`` does not read it (Chen's segment windows, or a view
+  ``b`` does not read): there it is resident only if some chain since ``b``
+  made it.  Such a query makes the prover give up that chain (it proves
+  nothing from it).
 
 With that, the chain is :func:`~libra_opt.passes.regeneration.regeneration_steps`'
 walk, as the lowering runs it.  The memory counted at each of its steps is
-what is surely resident then: the storages resident before the chain, the
-tensors the chain made that a later step or the node still reads (the drop
-rule frees a tensor only once no read is pending), and the step's new
-outputs and workspace (the simulator's ``Compute``: outputs allocated at its
-start, workspace on top).  It leaves out what the lowering may also hold
-(outputs recomputed while resident, made tensors not yet dropped), so it is
-never above the simulated memory at that instant; on the baselines' plans of
-random layered graphs the largest chain value equals the simulated peak.
+what is surely resident then, per storage (a view owns no bytes; a storage
+is allocated by the first tensor made on it): the storages resident before
+the chain, those of the tensors the chain made that a later step or the
+node still reads (the drop rule frees a tensor only once no read is
+pending), and the step's workspace (the simulator's ``Compute``: outputs
+allocated at its start, workspace on top).  It leaves out what the lowering
+may also hold (outputs recomputed while resident, made tensors not yet
+dropped), so it is never above the simulated memory at that instant: over
+1,131 random recompute plans (random layered, pattern and fuzz graphs, some
+with views), 64 on ``problems/``'s CPU-profiled models and 1,429 baseline
+plans (the shared graphs, ``problems/`` but its two largest, fuzz
+problems), none is; on the baselines' plans of random layered graphs the
+largest chain value equals the simulated peak.
 
 Source: the regeneration rule of Checkmate's plan generation (Jain et al.,
 MLSys 2020, sec. 4.5) as :mod:`libra_opt.passes.regeneration` states it; the
@@ -79,9 +86,8 @@ class PeakProver:
     Attributes
     ----------
     applicable : bool
-        Whether the prover can say anything: every activation is its own
-        storage (no views) and no decision swaps.  Where it is ``False``,
-        :meth:`over` is always ``False``.
+        Whether the prover can say anything: no decision swaps.  Where it is
+        ``False``, :meth:`over` is always ``False``.
     known_bytes : int
         The most memory found at an instant of the plan so far (bytes; 0
         before any proof was asked for): a lower bound on its simulated peak.
@@ -95,33 +101,38 @@ class PeakProver:
         ``limit`` bytes.
 
     Cost: the surely-resident bytes before every node (one pass over the
-    tensors, on first use), then one chain replay per node, the chains that
-    can hold the most first (by an upper bound on what a replay finds),
-    until one is over the limit, none left can be, or
-    :attr:`STEPS_PER_NODE` times the node count of chain steps are spent
+    tensors, on first use), then one chain replay per node that reads an
+    evicted tensor, in two orders taken in turn (by an upper bound on what a
+    replay finds, and by the bytes resident before the chain), until one is
+    over the limit, none left can be, :attr:`MAX_CHAINS` chains were
+    replayed or :attr:`STEPS_PER_NODE` times the node count of chain steps
     (over every call).  On the 1,000-node random layered graph
     ``checkpoint-all``'s plan is proven over ``libra``'s least peak from its
     first chain (0.003 CPU s, where lowering it that far takes 0.23 s).
     """
 
     #: chain steps the prover replays at most, per node of the problem, over all calls
-    STEPS_PER_NODE = 16
+    STEPS_PER_NODE = 8
+    #: chains the prover replays at most, over all calls: where a plan peaks under the limit asked, every
+    #: replay is lost (ViT-B's checkpointing plans: 167 chains, 5 ms each plan).  ``checkpoint-all``'s plans
+    #: of the random layered graphs, the shared ones and ResNet-50 are proven over 0.95 of their peak within
+    #: 25 chains, and over the no-remat peak (the random layered ones) within 6
+    MAX_CHAINS = 32
 
     def __init__(self, problem: RematProblem, decisions: Mapping[int, Policy],
                  windows: Mapping[int, tuple[int, int]]):
         self.problem = problem
         tb = problem.tables
-        self.applicable = (tb.memo("peak_bound.no_views", lambda: all(
-            tb.t_storage[t] == t for t in range(len(problem.tensors)) if tb.t_act[t]))
-            and all(p != Policy.SWAP for p in decisions.values()))
+        self.applicable = all(p != Policy.SWAP for p in decisions.values())
         self._evicted = {s: (int(windows[s][0]), int(windows[s][1])) for s, p in decisions.items()
                          if p == Policy.RECOMPUTE and s in windows} if self.applicable else {}
         self.known_bytes = 0
         self._base: np.ndarray | None = None
         self._order: list[int] | None = None
         self._next = 0                   # index into _order of the next chain to replay
+        self._chains = 0                 # chains replayed so far
         self._steps_left = self.STEPS_PER_NODE * problem.num_nodes
-        self._reread: dict[int, int] = {}   # storage -> its first read at or after its window's end
+        self._reread: dict[int, int] = {}   # tensor of an evicted storage -> its first read from the window's end on
 
     # ------------------------------------------------------------------ rule
     def _build(self) -> None:
@@ -130,47 +141,66 @@ class PeakProver:
         p = self.problem
         tb = p.tables
         N = p.num_nodes
-        nb, act, out, last, prod = tb.t_nbytes, tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod
+        nb, act, out, last, prod, cons = tb.t_nbytes, tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod, tb.t_cons
+        for s, (a, b) in self._evicted.items():   # each tensor's first read from its window's end on
+            for t in tb.views[s]:
+                k = bisect.bisect_left(cons[t], b)
+                self._reread[t] = cons[t][k] if k < len(cons[t]) else b
         d = np.zeros(N + 1, dtype=np.int64)
-        for t in range(len(p.tensors)):
-            if act[t] and nb[t]:
+        for s, ts in tb.views.items():
+            if not act[s] or not nb[s]:   # a graph input's storage (fixed memory), or no bytes
+                continue
+            w = self._evicted.get(s)
+            spans = []   # where some tensor of the storage is surely resident before a node's chain
+            for t in ts:
                 lo, hi = prod[t] + 1, N - 1 if out[t] else last[t]
+                if w is None:
+                    spans.append((lo, hi))
+                else:   # off after a, and until its first read from b on (it may come back sooner)
+                    spans += [(lo, min(hi, w[0])), (max(lo, self._reread[t] + 1), hi)]
+            end = -1
+            for lo, hi in sorted(x for x in spans if x[0] <= x[1]):   # their union, once per storage
+                lo = max(lo, end + 1)
                 if lo <= hi:
-                    d[lo] += nb[t]
-                    d[hi + 1] -= nb[t]
-        for s, (a, b) in self._evicted.items():
-            cons = tb.t_cons[s]
-            k = bisect.bisect_left(cons, b)
-            r = cons[k] if k < len(cons) else b
-            self._reread[s] = r
-            d[a + 1] -= nb[s]      # off after a, and until its first read from b on (it may come back sooner)
-            d[r + 1] += nb[s]
+                    d[lo] += nb[s]
+                    d[hi + 1] -= nb[s]
+                    end = hi
         self._base = np.cumsum(d[:N])
         outs = np.array([sum(nb[t] for t in o) for o in tb.n_outputs], dtype=np.int64)
         ws = np.array(tb.n_ws, dtype=np.int64)
         # each node's own run (no chain counted): what is resident before it, its outputs and its workspace
         self.known_bytes = max(self.known_bytes, int((self._base + outs + ws).max(initial=0)))
         # the most a replay of node i's chain can find: every activation produced before i, once, node i's
-        # outputs and the largest workspace up to i.  Chains are replayed in its order (on a single-phase
-        # graph, the last nodes' chains recompute nearly the whole graph and hold the most), and none whose
-        # bound is at or under a limit is replayed for it
+        # outputs and the largest workspace up to i; none whose bound is at or under a limit is replayed for it
         produced = np.concatenate([[0], np.cumsum(outs)[:-1]]) if N else outs
         self._upper = produced + outs + np.maximum.accumulate(ws) if N else outs
-        self._order = np.argsort(-self._upper, kind="stable").tolist()
+        # the nodes with a chain: a node reads a tensor off the device only at the end of the tensor's
+        # window (no use lies inside it) or at its first read after it
+        points = {r for t, r in self._reread.items() if r < N} | {b for _, b in self._evicted.values()}
+        # replayed in two orders taken in turn: by that bound (on a single-phase graph the last nodes'
+        # chains recompute nearly the whole graph) and by the bytes resident before the chain (on a
+        # two-phase graph the first backward nodes hold the forward's activations)
+        by_upper = sorted(points, key=lambda i: (-int(self._upper[i]), i))
+        by_base = sorted(points, key=lambda i: (-int(self._base[i]), i))
+        seen: set[int] = set()
+        self._order = [i for pair in zip(by_upper, by_base) for i in pair if not (i in seen or seen.add(i))]
+        up = self._upper[self._order] if self._order else np.zeros(0, dtype=np.int64)
+        self._rest_upper = np.maximum.accumulate(up[::-1])[::-1]   # the bound's largest from each index on
 
     def _missing_at(self, i: int) -> Callable[[int], bool]:
         """The residency rule before node ``i``'s chain (see the module
         docstring): ``missing(t)`` is whether tensor ``t`` is off the device
         there; it raises ``_Unknown`` where the prover cannot tell."""
         tb = self.problem.tables
-        act, out, last, prod, evicted, reread = tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod, self._evicted.get, self._reread
+        act, out, last, prod, sto = tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod, tb.t_storage
+        evicted, reread = self._evicted.get, self._reread
 
         def missing(t: int) -> bool:
             if not act[t]:
                 return False
             if prod[t] >= i or (last[t] < i and not out[t]):
                 return True
-            w = evicted(t)
+            w = evicted(sto[t])
             if w is not None:
                 if w[0] < i <= w[1]:
                     return True
@@ -188,7 +218,16 @@ class PeakProver:
             self._build()
         tb = self.problem.tables
         n_in, n_out, nb, ws, prod, recomp = tb.n_inputs, tb.n_outputs, tb.t_nbytes, tb.n_ws, tb.t_prod, tb.n_recomp
+        act, sto, views = tb.t_act, tb.t_storage, tb.views
         is_missing = self._missing_at(i)
+        pre: dict[int, bool] = {}    # storage -> allocated before the chain (some tensor on it resident)
+        refs: dict[int, int] = {}    # storage -> tensors on it the chain made that are still counted
+
+        def allocated_before(s: int) -> bool:
+            v = pre.get(s)
+            if v is None:
+                v = pre[s] = not all(is_missing(u) for u in views[s])
+            return v
         needed = n_in[i]
         try:
             missing = [t for t in needed if is_missing(t)]
@@ -197,24 +236,32 @@ class PeakProver:
             steps, pending = regeneration_steps(needed, missing, is_missing, None, prod, n_in)
             self._steps_left -= len(steps)
             base = int(self._base[i])
-            made: dict[int, int] = {}   # tensors the chain made that are still counted -> bytes
-            cur = best = 0
+            made: set[int] = set()   # tensors the chain made that are still counted
+            cur = best = 0           # bytes of the storages the chain allocated that are still counted
             for _, x in steps:
                 new = [t for t in n_out[x] if t not in made and is_missing(t)]
                 if not new:
                     continue   # the lowering skips a node whose outputs are all resident
                 if not recomp[x]:
                     raise _Unknown   # the lowering refuses the plan
-                here = sum(nb[t] for t in new)
-                best = max(best, cur + here + ws[x])
-                for t in new:
-                    made[t] = nb[t]
-                cur += here
+                for t in new:   # allocated at the step's start where no tensor holds the storage yet
+                    made.add(t)
+                    s = sto[t]
+                    if act[s] and nb[s]:
+                        if not refs.get(s) and not allocated_before(s):
+                            cur += nb[s]
+                        refs[s] = refs.get(s, 0) + 1
+                best = max(best, cur + ws[x])
                 for u in n_in[x]:
                     pending[u] -= 1
                 for u in (*n_in[x], *new):
                     if u in made and not pending.get(u, 0):
-                        cur -= made.pop(u)
+                        made.discard(u)
+                        s = sto[u]
+                        if act[s] and nb[s]:
+                            refs[s] -= 1
+                            if not refs[s] and not allocated_before(s):
+                                cur -= nb[s]
         except _Unknown:
             return None
         best = max(best, cur + sum(nb[t] for t in n_out[i]) + ws[i])   # node i: its inputs, its outputs
@@ -234,11 +281,14 @@ class PeakProver:
             if self.known_bytes > limit:
                 return True
         order = self._order
-        while self._next < len(order) and self._steps_left > 0:
-            i = order[self._next]
-            if self._upper[i] <= limit:   # no chain left can hold more than the limit
+        while self._next < len(order) and self._steps_left > 0 and self._chains < self.MAX_CHAINS:
+            if self._rest_upper[self._next] <= limit:   # no chain left can hold more than the limit
                 return False
+            i = order[self._next]
             self._next += 1
+            if self._upper[i] <= limit:
+                continue
+            self._chains += 1
             got = self.chain_bytes(i)
             if got is not None and got > self.known_bytes:
                 self.known_bytes = got

@@ -166,3 +166,24 @@ def test_libra_and_the_baselines_answer_the_same_with_the_prover(policy, monkeyp
     assert any(proofs)
     monkeypatch.setattr(PeakProver, "over", lambda self, limit: False)
     assert proven == answers()
+
+
+def test_evaluate_answers_a_proven_limit_without_lowering_and_the_plan_peaks_over_it(monkeypatch):
+    """``baselines._evaluate`` under a limit the prover shows the plan over: ``None`` and no lowering
+    (one prover per plan, so a second ask replays nothing); built in whole, the plan peaks over that
+    limit; under a limit at or over its peak it is built."""
+    p = g.random_layered_graph(80, seed=1)
+    w = default_windows(p)
+    dec = B.safe_recompute_decisions(p, w, w)
+    peak = B._evaluate(p.replace(), dec, w)[1].peak_bytes
+    q = p.replace()   # a cold memo
+    lowered, replays = [], []
+    real_lower, real_chain = B._lower_within, PeakProver.chain_bytes
+    monkeypatch.setattr(B, "_lower_within", lambda *a: lowered.append(a[-1]) or real_lower(*a))
+    monkeypatch.setattr(PeakProver, "chain_bytes", lambda self, i: replays.append(i) or real_chain(self, i))
+    limit = peak // 2
+    assert B._evaluate(q, dec, w, limit=limit) is None and not lowered
+    n = len(replays)
+    assert B._evaluate(q, dec, w, limit=limit - 1) is None and len(replays) == n and not lowered
+    built = B._evaluate(q, dec, w, limit=peak)
+    assert built is not None and built[1].peak_bytes == peak > limit and lowered == [peak]

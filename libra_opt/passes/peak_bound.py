@@ -5,9 +5,9 @@ The built-in checkpointing baselines (``checkpoint-all``, ``chen-sqrt``,
 decision per storage over one window each.  Lowering such a plan and
 simulating it costs a walk of every chain it runs: on a 1,000-node random
 layered graph ``checkpoint-all``'s plan is 500,277 instructions (1.8 CPU s),
-and ``libra``'s portfolio lowers it only to learn that its peak is over the
-least peak ``libra`` found (0.23 s until it passes it).  :class:`PeakProver`
-answers that question from a few chains instead: the memory at any instant
+where ``libra``'s portfolio only needs to know that its peak is over the
+least peak ``libra`` found (0.23 s of lowering until it passes it).
+:class:`PeakProver` answers that question from a few chains: the memory at any instant
 of the simulation is a lower bound on its peak, and the instants it looks at
 are those of the chains the lowering would run before a few nodes, replayed
 on their own.
@@ -108,7 +108,7 @@ class PeakProver:
     replayed or :attr:`STEPS_PER_NODE` times the node count of chain steps
     (over every call).  On the 1,000-node random layered graph
     ``checkpoint-all``'s plan is proven over ``libra``'s least peak from its
-    first chain (0.003 CPU s, where lowering it that far takes 0.23 s).
+    first chain (0.003-0.01 CPU s, where lowering it that far takes 0.23 s).
     """
 
     #: chain steps the prover replays at most, per node of the problem, over all calls

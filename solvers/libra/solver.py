@@ -461,7 +461,7 @@ class _BaselinePool:
         lowered only until their peak reaches ``under``: a plan at or over it
         does not change the answer).  Random layered graph of 1,000 nodes,
         recompute-only at 0.5 of its peak (the descents' least is 0.706 of
-        it): ``checkpoint-all``'s plan is proven over it from 11 of its chains
+        it): ``checkpoint-all``'s plan is proven over it from one of its chains
         (:class:`~libra_opt.passes.peak_bound.PeakProver`, 0.01 CPU s) and not
         lowered; without the proof it was lowered for 127,518 of its 500,277
         instructions (0.23-0.29 CPU s).  Each baseline's plans are

@@ -3,6 +3,7 @@ above the simulated peak (libra_opt.passes.peak_bound)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from libra_opt.passes.lowering import Policy, all_windows, default_windows
 from libra_opt.passes.peak_bound import PeakProver
 from libra_opt.solvers import baselines as B
 from libra_opt.solvers import solve
+
+PROBLEMS = Path(__file__).resolve().parents[1] / "problems"
 
 
 def _every_chain(prover: PeakProver) -> int:
@@ -78,7 +81,7 @@ def test_the_prover_is_never_above_the_simulated_peak_where_storages_hold_views(
     random recompute plans the lowering accepts, the most the prover finds is at most the simulated peak."""
     from libra_opt.importers import load_problem_any
 
-    p = load_problem_any(f"problems/{name}.json.gz")
+    p = load_problem_any(PROBLEMS / f"{name}.json.gz")
     assert any(t.storage != t.id for t in p.tensors if t.kind == "activation")
     rng = random.Random(0)
     for _ in range(4):

@@ -121,8 +121,9 @@ class PeakProver:
 
     def __init__(self, problem: RematProblem, decisions: Mapping[int, Policy],
                  windows: Mapping[int, tuple[int, int]]):
-        self.problem = problem
-        tb = problem.tables
+        # the problem's tables, not the problem: a prover is kept in them (``baselines._prover``), and they
+        # hold their problem weakly so that they never keep it alive
+        self._tb = tb = problem.tables
         self.applicable = all(p != Policy.SWAP for p in decisions.values())
         self._evicted = {s: (int(windows[s][0]), int(windows[s][1])) for s, p in decisions.items()
                          if p == Policy.RECOMPUTE and s in windows} if self.applicable else {}
@@ -134,13 +135,17 @@ class PeakProver:
         self._steps_left = self.STEPS_PER_NODE * problem.num_nodes
         self._reread: dict[int, int] = {}   # tensor of an evicted storage -> its first read from the window's end on
 
+    @property
+    def problem(self) -> RematProblem:
+        """The problem (``ReferenceError`` where it no longer exists)."""
+        return self._tb.problem
+
     # ------------------------------------------------------------------ rule
     def _build(self) -> None:
         """The surely-resident bytes before each node's chain (``_base``,
         int64 of shape ``(N,)``) and the order the chains are replayed in."""
-        p = self.problem
-        tb = p.tables
-        N = p.num_nodes
+        tb = self._tb
+        N = tb.N
         nb, act, out, last, prod, cons = tb.t_nbytes, tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod, tb.t_cons
         for s, (a, b) in self._evicted.items():   # each tensor's first read from its window's end on
             for t in tb.views[s]:
@@ -191,7 +196,7 @@ class PeakProver:
         """The residency rule before node ``i``'s chain (see the module
         docstring): ``missing(t)`` is whether tensor ``t`` is off the device
         there; it raises ``_Unknown`` where the prover cannot tell."""
-        tb = self.problem.tables
+        tb = self._tb
         act, out, last, prod, sto = tb.t_act, tb.t_out, tb.t_last_read, tb.t_prod, tb.t_storage
         evicted, reread = self._evicted.get, self._reread
 
@@ -216,7 +221,7 @@ class PeakProver:
         a node that cannot run again: the lowering refuses such a plan)."""
         if self._base is None:
             self._build()
-        tb = self.problem.tables
+        tb = self._tb
         n_in, n_out, nb, ws, prod, recomp = tb.n_inputs, tb.n_outputs, tb.t_nbytes, tb.n_ws, tb.t_prod, tb.n_recomp
         act, sto, views = tb.t_act, tb.t_storage, tb.views
         is_missing = self._missing_at(i)

@@ -177,11 +177,10 @@ class PeakProver:
         self.known_bytes = max(self.known_bytes, int((self._base + outs + ws).max(initial=0)))
         # the most a replay of node i's chain can find: every activation produced before i, once, node i's
         # outputs and the largest workspace up to i; none whose bound is at or under a limit is replayed for it
-        produced = np.concatenate([[0], np.cumsum(outs)[:-1]]) if N else outs
-        self._upper = produced + outs + np.maximum.accumulate(ws) if N else outs
-        # the nodes with a chain: a node reads a tensor off the device only at the end of the tensor's
-        # window (no use lies inside it) or at its first read after it
-        points = {r for t, r in self._reread.items() if r < N} | {b for _, b in self._evicted.values()}
+        self._upper = np.cumsum(outs) + np.maximum.accumulate(ws)
+        # the nodes with a chain: a node reads a tensor off the device only at its first read from the end
+        # of the tensor's window on (no use lies inside a window)
+        points = set(self._reread.values())
         # replayed in two orders taken in turn: by that bound (on a single-phase graph the last nodes'
         # chains recompute nearly the whole graph) and by the bytes resident before the chain (on a
         # two-phase graph the first backward nodes hold the forward's activations)
@@ -189,8 +188,8 @@ class PeakProver:
         by_base = sorted(points, key=lambda i: (-int(self._base[i]), i))
         seen: set[int] = set()
         self._order = [i for pair in zip(by_upper, by_base) for i in pair if not (i in seen or seen.add(i))]
-        up = self._upper[self._order] if self._order else np.zeros(0, dtype=np.int64)
-        self._rest_upper = np.maximum.accumulate(up[::-1])[::-1]   # the bound's largest from each index on
+        # the bound's largest from each index of the order on
+        self._rest_upper = np.maximum.accumulate(self._upper[self._order][::-1])[::-1]
 
     def _missing_at(self, i: int) -> Callable[[int], bool]:
         """The residency rule before node ``i``'s chain (see the module

@@ -517,7 +517,8 @@ def test_a_prepared_plan_stays_within_the_budget_once_its_swap_layer_is_refreshe
     early refresh the swap layer after their batch of changes; a plan within the budget stays within
     it after the refresh (``tidy._guarded``).  ``h100_resnet50_b128`` hybrid at 0.3 of its peak: the
     retained inputs of an exchange's plan took its estimate 8 % over the budget, and lowering it
-    took 26 repair moves."""
+    took 26 repair moves; at 0.32 now (at 0.3 the batch stays within since a decision replays the
+    chains that found an output of the node they recompute resident)."""
     from pathlib import Path
 
     from libra_opt.ir.problem_io import load_problem
@@ -542,7 +543,7 @@ def test_a_prepared_plan_stays_within_the_budget_once_its_swap_layer_is_refreshe
 
     monkeypatch.setattr(Finisher, "prepare", spy_prepare)
     monkeypatch.setattr(tidy, "_guarded", spy_guarded)
-    r = solve(p, 0.3, policy="hybrid")
+    r = solve(p, 0.32, policy="hybrid")
     assert any(n for _, _, n in prepared)   # plans with swaps were prepared
     assert all(peak <= b for peak, b, _ in prepared)
     assert True in careful                  # the batch went over once and ran again with checks

@@ -122,6 +122,50 @@ def _without_memo(tl, f):
         tl.state.memo = memo
 
 
+def _stale_chains(tl) -> set[int]:
+    """Positions whose installed chain (``state.chains``) is not the chain a replay with nothing remembered
+    gives now."""
+    return _without_memo(tl, lambda t: {q for q in range(t.tables.N) if t.state.chains.get(q) != t.chain_at(q)})
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_installed_chains_are_the_chains_a_replay_gives(seed):
+    """After every decision taken (recompute or swap, in a random order) and every retention set or dropped,
+    each installed chain is the chain a replay gives: a decision replays every chain it changes
+    (``affected``: a chain that found an output of the node it recomputes resident counts it as transient,
+    and makes it once its storage is evicted there), and a retention every chain its moved last use changes
+    (``kept_by_retention`` keeps the others). Fuzz problems: nodes with several outputs, views."""
+    from libra_opt.apps.fuzz import random_problem
+
+    p = random_problem(seed)
+    rng = random.Random(seed)
+    wins = sorted((s, a, b) for s, (a, b) in default_windows(p).items())
+    tl = Timeline(p, wins)
+    order = list(range(len(wins)))
+    rng.shuffle(order)
+    taken = retained = 0
+    for j in order:
+        if tl.state.s_win.get(int(tl.windows.w_s[j])):
+            continue
+        pol = SWAP if (seed % 3 == 0 or not tl.windows.w_rec_ok[j]) and rng.random() < 0.5 else REC
+        if pol == REC and not tl.windows.w_rec_ok[j]:
+            continue
+        tl.apply(j, pol)
+        taken += 1
+        assert not _stale_chains(tl), ("decision", j)
+        for q, ch in sorted(tl.state.chains.items()):
+            ts = [t for t in ch.made if tl.state.t_last_eff[t] < q and tl.retainable(t)]
+            if ts and rng.random() < 0.3:
+                tl.retain(ts[0], q)
+                retained += 1
+                assert not _stale_chains(tl), ("retention", ts[0], q)
+                if rng.random() < 0.5:
+                    tl.retain(ts[0], None)
+                    assert not _stale_chains(tl), ("retention dropped", ts[0])
+                break
+    assert taken or not wins
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_a_remembered_chain_is_the_chain_a_replay_gives(seed, monkeypatch):
     """The chain memo (``state.memo``, shared by a timeline's copies) gives, before every position and under the

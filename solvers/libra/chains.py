@@ -45,7 +45,10 @@ class Chain:
     kept_bytes : int
         Bytes the chain allocated that are still resident when the node runs.
     touched : frozenset of int
-        Storages the chain reads or regenerates.
+        Storages the chain reads or regenerates, and every storage of an
+        activation whose state its replay asked (an output of a recomputed
+        node found resident among them): where a window of one of them
+        changes over the chain's position, so may the chain (:func:`affected`).
     feasible : bool
         False when the chain needs to recompute a non-recomputable node.
     waits : tuple of (int, float)
@@ -461,8 +464,12 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                         ab = allocated_before(s)
                     if not ab:
                         cur -= nb[s]
-    for t in missing:
-        touched.add(tsto[t])
+    # the storages of every activation whose state the replay asked (the missing ones among them): a window
+    # of one of them that starts covering ``q`` changes the chain (``affected``), an output of a recomputed
+    # node found resident (counted as transient) too, which is then made instead
+    for t in cache:
+        if t_act[t]:
+            touched.add(tsto[t])
     ch = Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
                tuple(sorted(made)), tuple(vals), tuple(seq))
     if len(cache) < MEMO_MIN_QUERIES:

@@ -260,6 +260,30 @@ def test_a_solve_gives_the_same_answer_with_every_chain_remembered_and_with_none
     assert {s for s, *_ in kept} == {"feasible", "infeasible"}
 
 
+@pytest.mark.parametrize("policy", ["recompute", "hybrid"])
+def test_a_solve_gives_the_same_answer_where_a_retention_replays_every_chain_it_reaches(policy, monkeypatch):
+    """Whole solves with the chains a retention does not change installed again (``kept_by_retention``)
+    and with every chain at its old or new end or reading its storage in between replayed give the same
+    plan, status, message and stated minimum; and the shortcut is taken."""
+    from libra_opt.generators import random_layered_graph
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import estimate
+
+    found = []
+
+    def answers():
+        return [_answer(get_solver("libra", policy=policy).solve(random_layered_graph(n, seed=3), frac,
+                                                                 raise_on_infeasible=False))
+                for n, frac in ((120, 0.8), (120, 0.4), (60, 0.6))]
+
+    monkeypatch.setattr(estimate, "kept_by_retention", _recorded(estimate.kept_by_retention, found))
+    kept = answers()
+    assert any(found), "no chain was installed again"
+    monkeypatch.setattr(estimate, "kept_by_retention", lambda *a: False)
+    assert answers() == kept
+    assert {s for s, *_ in kept} == {"feasible", "infeasible"}
+
+
 LAYER_FIELDS = ("ids", "prefetch", "r0", "stall_s", "d2h_end_s", "removal", "held", "wait")
 
 

@@ -21,7 +21,7 @@ recomputation with freeing, as implemented by :mod:`libra_opt.passes.lowering`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
@@ -63,6 +63,10 @@ class Chain:
     seq : tuple of int
         Those steps' nodes (-1 for a swap-in): where a tensor retained only
         for this chain is read for the last time (:func:`held_rise`).
+    asked : dict of int to int
+        The tensors whose state the replay asked (:func:`state_reader`), with
+        the answers, in the order asked: the only tensors whose last use the
+        replay read (:func:`kept_by_retention`).  Not compared.
     """
 
     nodes: tuple
@@ -75,6 +79,7 @@ class Chain:
     made: tuple = ()
     vals: tuple = ()
     seq: tuple = ()
+    asked: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def policy_of(st, j: int) -> int:
@@ -205,6 +210,23 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
             if _holds(pt, wt, st, q, e):
                 return e.chain
     return _replay(pt, wt, st, q, plain, memo, key)
+
+
+def kept_by_retention(pt, wt, st, ch: Chain, q: int, t: int, was_last: int) -> bool:
+    """Whether chain ``ch``, replayed before position ``q`` while tensor
+    ``t``'s last use (``st.t_last_eff[t]``) was ``was_last``, is what a
+    replay gives now that only that last use has moved (a retention,
+    :func:`~libra_opt.solvers.libra.reshape.retain`).  A replay reads a
+    tensor's last use only for the tensors whose state it asks (the state
+    query, and the drop rule on the tensors it makes, which it asks first):
+    the chain stands where it did not ask ``t``, or where ``t``'s state and
+    the drop rule's test on it (last use at or before ``q``) answer as
+    before."""
+    v = ch.asked.get(t)
+    if v is None:
+        return True
+    now = st.t_last_eff[t]
+    return (now <= q) == (was_last <= q) and state_reader(pt, wt, st)(t, q) == v
 
 
 #: queries a :class:`ChainMemo` holds at most (then it is emptied; with the chains they keep, a few MB): at
@@ -471,7 +493,7 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
         if t_act[t]:
             touched.add(tsto[t])
     ch = Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
-               tuple(sorted(made)), tuple(vals), tuple(seq))
+               tuple(sorted(made)), tuple(vals), tuple(seq), cache)
     if len(cache) < MEMO_MIN_QUERIES:
         return ch
     tensors = tuple(cache)

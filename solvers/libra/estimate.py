@@ -65,7 +65,7 @@ from libra_opt.ir.problem import RematProblem
 from libra_opt.passes.lowering import Eviction, Policy, Retain
 
 from . import reshape, swaps
-from .chains import Chain, affected, chain_at, early_targets
+from .chains import Chain, affected, chain_at, early_targets, kept_by_retention
 from .codes import ARRIVING, KEEP, LIVE, MISSING, NEG, REC, SWAP
 from .timeline_records import EarlyEnd, Effect, Hypothesis, WindowEnd
 from .reshape import chain_held_bytes, held_rise, storage_end
@@ -616,12 +616,19 @@ class Timeline:
             ``until`` is not after the tensor's last use, or a window of its
             storage ends after that last use."""
         was = self.state.t_until.get(t)
+        was_last = self.state.t_last_eff[t]
         pts = reshape.retain(self.tables, self.state, t, until)
         if replay:
             # the chains at the retention's old and new end too, read or not: the bytes held only for a
-            # chain (reshape.chain_held_bytes) are counted in its memory (``regen_off``)
-            chains = self.state.chains
+            # chain (reshape.chain_held_bytes) are counted in its memory (``regen_off``); a chain the
+            # moved last use does not change is installed again, not replayed (most of them: a retention
+            # tried for a recomputation keeps inputs the kept storage's chains never ask for)
+            pt, wt, st = self.tables, self.windows, self.state
+            chains = st.chains
             ends = {x for x in (was, until) if x is not None and chains.get(x) is not None}
             for q in sorted(ends.union(pts)):
-                self._set_chain(q, chain_at(self.tables, self.windows, self.state, q))
+                ch = chains.get(q)
+                if ch is None or not kept_by_retention(pt, wt, st, ch, q, t, was_last):
+                    ch = chain_at(pt, wt, st, q)
+                self._set_chain(q, ch)
         self.state.version += 1

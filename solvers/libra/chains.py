@@ -370,7 +370,6 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
     refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
     pre_alloc: dict[int, bool] = {}  # storage -> allocated before the chain
-    touched = set()
     cur = peak = 0
     time_s = 0.0
     nodes = []
@@ -381,6 +380,9 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     nb = pt.t_nbytes
     t_out, t_act, views, last_eff = pt.t_out, pt.t_act, pt.views, st.t_last_eff
     n_outputs, n_recomp, n_time, n_ws = pt.n_outputs, pt.n_recomp, pt.n_rtime, pt.n_ws
+    # a tensor alone on its storage, where nothing comes back by a swap-in: its storage is allocated by the
+    # chain exactly while the tensor is resident (no other tensor on it; not arriving): no reference count
+    alone = pt.t_alone if plain else pt.t_none
     h2d, margin1 = pt.h2d, 1.0 + wt.margin
 
     offs: dict[int, bool] = {}   # storage -> storage_off's answer at q
@@ -416,7 +418,6 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                 waits.append((x, time_s))
                 resident.add(x)
                 made.add(x)
-                touched.add(x)
                 refs[x] = refs.get(x, 0) + 1
                 new = ()
             else:
@@ -439,8 +440,10 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
         for t in new:                    # add(t)
             resident.add(t)
             made.add(t)
+            if alone[t]:
+                cur += nb[t]
+                continue
             s = tsto[t]
-            touched.add(s)
             r = refs.get(s, 0)
             if r == 0:
                 ab = pre_alloc.get(s)
@@ -471,12 +474,13 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             ins = n_inputs[x]
             for u in ins:
                 pending[u] -= 1
-                if t_act[u]:
-                    touched.add(tsto[u])
             cands = (*ins, *new)
         for t in cands:                  # the drop rule, then drop(t)
             if t in resident and not pget(t, 0) and not t_out[t] and (last_eff[t] <= q or off(tsto[t], q)):
                 resident.discard(t)
+                if alone[t]:
+                    cur -= nb[t]
+                    continue
                 s = tsto[t]
                 r = refs[s] - 1
                 refs[s] = r
@@ -486,13 +490,12 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                         ab = allocated_before(s)
                     if not ab:
                         cur -= nb[s]
-    # the storages of every activation whose state the replay asked (the missing ones among them): a window
-    # of one of them that starts covering ``q`` changes the chain (``affected``), an output of a recomputed
-    # node found resident (counted as transient) too, which is then made instead
-    for t in cache:
-        if t_act[t]:
-            touched.add(tsto[t])
-    ch = Chain(tuple(nodes), time_s, int(peak), int(cur), frozenset(touched), feasible, tuple(waits),
+    # touched: the storages of every activation whose state the replay asked (the walk asks every input of
+    # a node it recomputes, the loop every tensor it makes, the missing ones first): a window of one of them
+    # that starts covering ``q`` changes the chain (``affected``), an output of a recomputed node found
+    # resident (counted as transient) too, which is then made instead
+    touched = frozenset([tsto[t] for t in cache if t_act[t]])
+    ch = Chain(tuple(nodes), time_s, int(peak), int(cur), touched, feasible, tuple(waits),
                tuple(sorted(made)), tuple(vals), tuple(seq), cache)
     if len(cache) < MEMO_MIN_QUERIES:
         return ch

@@ -206,8 +206,17 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     key = (q, plain)
     entries = memo.entries.get(key)
     if entries:
+        # the answers every entry is checked against, asked once: early_targets' (most entries of a
+        # position differ there), the state reader where an entry gets past it and the last uses
+        early = tuple(early_targets(st, q))
+        last_eff = st.t_last_eff
+        ts = None
         for e in entries:
-            if _holds(pt, wt, st, q, e):
+            if e.early != early or e.last_of(last_eff) != e.last:
+                continue
+            if ts is None:
+                ts = state_reader(pt, wt, st)
+            if _holds(pt, wt, st, q, e, early, ts):
                 return e.chain
     return _replay(pt, wt, st, q, plain, memo, key)
 
@@ -293,15 +302,19 @@ class ChainMemo:
             self.size -= len(lst.pop().tensors)
 
 
-def _holds(pt, wt, st, q: int, e: _Entry) -> bool:
+def _holds(pt, wt, st, q: int, e: _Entry, early: tuple | None = None, ts: Callable | None = None) -> bool:
     """Whether every state query of memo entry ``e`` (:class:`ChainMemo`)
-    gets the same answer now, for the chain before position ``q``."""
-    tensors, states, last_of, last, storages, offs, bases, swapped, early, _ = e
-    if tuple(early_targets(st, q)) != early:
+    gets the same answer now, for the chain before position ``q``.
+    ``early``: ``early_targets(st, q)`` as a tuple, and ``ts``:
+    ``state_reader(pt, wt, st)``, where the caller has them (asked here
+    otherwise)."""
+    tensors, states, last_of, last, storages, offs, bases, swapped, e_early, _ = e
+    if (tuple(early_targets(st, q)) if early is None else early) != e_early:
         return False
     if last_of(st.t_last_eff) != last:
         return False
-    ts = state_reader(pt, wt, st)
+    if ts is None:
+        ts = state_reader(pt, wt, st)
     for t, v in zip(tensors, states):
         if ts(t, q) != v:
             return False

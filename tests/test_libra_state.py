@@ -143,7 +143,7 @@ def test_the_installed_chains_are_the_chains_a_replay_gives(seed):
     tl = Timeline(p, wins)
     order = list(range(len(wins)))
     rng.shuffle(order)
-    taken = retained = 0
+    taken = 0
     for j in order:
         if tl.state.s_win.get(int(tl.windows.w_s[j])):
             continue
@@ -157,7 +157,6 @@ def test_the_installed_chains_are_the_chains_a_replay_gives(seed):
             ts = [t for t in ch.made if tl.state.t_last_eff[t] < q and tl.retainable(t)]
             if ts and rng.random() < 0.3:
                 tl.retain(ts[0], q)
-                retained += 1
                 assert not _stale_chains(tl), ("retention", ts[0], q)
                 if rng.random() < 0.5:
                     tl.retain(ts[0], None)

@@ -206,16 +206,10 @@ def chain_at(pt, wt, st, q: int) -> Chain | None:
     key = (q, plain)
     entries = memo.entries.get(key)
     if entries:
-        # the answers every entry is checked against, asked once: early_targets' (most entries of a
-        # position differ there), the state reader where an entry gets past it and the last uses
-        early = tuple(early_targets(st, q))
-        last_eff = st.t_last_eff
-        ts = None
+        # asked once for every entry: early_targets' answer (most entries of a position differ there) and
+        # the state reader
+        early, ts = tuple(early_targets(st, q)), state_reader(pt, wt, st)
         for e in entries:
-            if e.early != early or e.last_of(last_eff) != e.last:
-                continue
-            if ts is None:
-                ts = state_reader(pt, wt, st)
             if _holds(pt, wt, st, q, e, early, ts):
                 return e.chain
     return _replay(pt, wt, st, q, plain, memo, key)
@@ -253,10 +247,9 @@ MEMO_MIN_QUERIES = 64
 
 class _Entry(NamedTuple):
     """A chain of a :class:`ChainMemo` with the answers to the state queries
-    its replay asked, in the order of each kind's first ask."""
-    tensors: tuple          # tensors whose state was asked (state_reader)
-    states: tuple           # the answers
-    last_of: Callable       # getter of their entries of st.t_last_eff
+    its replay asked, in the order of each kind's first ask (the tensors'
+    states are the chain's own, ``chain.asked``)."""
+    last_of: Callable       # getter of the asked tensors' entries of st.t_last_eff
     last: object            # those entries (the drop rule reads last use <= q: an equal last use answers the same)
     storages: tuple         # storages whose storage_off was asked
     offs: tuple             # the answers
@@ -291,7 +284,7 @@ class ChainMemo:
 
     def add(self, key: tuple[int, bool], entry: _Entry) -> None:
         """Keep ``entry`` first among ``key``'s."""
-        n = len(entry.tensors)
+        n = len(entry.chain.asked)
         if self.size + n > MEMO_MAX_QUERIES:
             self.entries.clear()
             self.size = 0
@@ -299,23 +292,19 @@ class ChainMemo:
         lst.insert(0, entry)
         self.size += n
         if len(lst) > MEMO_PER_POSITION:
-            self.size -= len(lst.pop().tensors)
+            self.size -= len(lst.pop().chain.asked)
 
 
-def _holds(pt, wt, st, q: int, e: _Entry, early: tuple | None = None, ts: Callable | None = None) -> bool:
+def _holds(pt, wt, st, q: int, e: _Entry, early: tuple, ts: Callable) -> bool:
     """Whether every state query of memo entry ``e`` (:class:`ChainMemo`)
     gets the same answer now, for the chain before position ``q``.
     ``early``: ``early_targets(st, q)`` as a tuple, and ``ts``:
-    ``state_reader(pt, wt, st)``, where the caller has them (asked here
-    otherwise)."""
-    tensors, states, last_of, last, storages, offs, bases, swapped, e_early, _ = e
-    if (tuple(early_targets(st, q)) if early is None else early) != e_early:
+    ``state_reader(pt, wt, st)`` (asked once by the caller for all of a
+    position's entries)."""
+    last_of, last, storages, offs, bases, swapped, e_early, chain = e
+    if early != e_early or last_of(st.t_last_eff) != last:
         return False
-    if last_of(st.t_last_eff) != last:
-        return False
-    if ts is None:
-        ts = state_reader(pt, wt, st)
-    for t, v in zip(tensors, states):
+    for t, v in chain.asked.items():
         if ts(t, q) != v:
             return False
     for s, v in zip(storages, offs):
@@ -512,9 +501,8 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                tuple(sorted(made)), tuple(vals), tuple(seq), cache)
     if len(cache) < MEMO_MIN_QUERIES:
         return ch
-    tensors = tuple(cache)
-    last_of = itemgetter(*tensors)
-    memo.add(key, _Entry(tensors, tuple(cache.values()), last_of, last_of(last_eff), tuple(offs),
+    last_of = itemgetter(*cache)
+    memo.add(key, _Entry(last_of, last_of(last_eff), tuple(offs),
                          tuple(offs.values()), tuple(swapped), tuple(swapped.values()), early, ch))
     return ch
 

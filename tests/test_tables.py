@@ -84,7 +84,6 @@ def test_tensor_and_node_tables_read_the_problem(problem):
         assert tab.t_freeable[t.id] == (t.kind == "activation" and t.id not in p.outputs)
         on_it = [u.id for u in p.tensors if u.storage == t.storage]
         assert tab.t_alone[t.id] == (t.kind == "activation" and on_it == [t.id])
-        assert tab.t_none[t.id] is False
     for n in p.nodes:
         assert tab.n_facts[n.id] == (n.inputs, n.outputs, n.recomputable, n.time_s, n.workspace_bytes)
         assert tab.compute_instr[n.id].op == Op.COMPUTE and tab.compute_instr[n.id].arg == n.id

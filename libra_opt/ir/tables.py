@@ -63,7 +63,7 @@ class ProblemTables:
     - per tensor (lists of length ``T``): :attr:`t_act`, :attr:`t_input`,
       :attr:`t_storage`, :attr:`t_prod`, :attr:`t_cons`, :attr:`t_nbytes`,
       :attr:`t_out`, :attr:`t_last`, :attr:`t_last_read`, :attr:`t_freeable`,
-      :attr:`t_alone`, :attr:`t_none`;
+      :attr:`t_alone`;
     - per node (lists of length ``N``): :attr:`n_inputs`, :attr:`n_outputs`,
       :attr:`n_time`, :attr:`n_rtime`, :attr:`n_ws`, :attr:`n_recomp`,
       :attr:`n_facts`;
@@ -204,12 +204,6 @@ class ProblemTables:
         views = self.problem.storage_views
         return [t.kind == ACTIVATION and t.storage == t.id and len(views[t.id]) == 1
                 for t in self.problem.tensors]
-
-    @cached_property
-    def t_none(self) -> list[bool]:
-        """Per tensor, ``False`` (a table to pass where a per-tensor test is off); list of bool,
-        length ``T``."""
-        return [False] * len(self.problem.tensors)
 
     # --------------------------------------------------------------- nodes
     @cached_property

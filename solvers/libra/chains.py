@@ -384,7 +384,8 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     n_outputs, n_recomp, n_time, n_ws = pt.n_outputs, pt.n_recomp, pt.n_rtime, pt.n_ws
     # a tensor alone on its storage, where nothing comes back by a swap-in: its storage is allocated by the
     # chain exactly while the tensor is resident (no other tensor on it; not arriving): no reference count
-    alone = pt.t_alone if plain else pt.t_none
+    # (where one may come back by a swap-in, a table of False: every tensor takes the counted path)
+    alone = pt.t_alone if plain else pt.memo("libra.chains.none_alone", lambda: [False] * len(pt.t_alone))
     h2d, margin1 = pt.h2d, 1.0 + wt.margin
 
     offs: dict[int, bool] = {}   # storage -> storage_off's answer at q

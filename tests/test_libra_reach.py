@@ -209,6 +209,31 @@ def test_under_the_floor_a_minimum_a_baseline_meets_at_the_floor_needs_no_round(
     assert round_.min_feasible_bytes == m and descend_calls and "1 rounds" in str(round_)
 
 
+@pytest.mark.parametrize("policy", ["hybrid", "swap"])
+def test_under_the_floor_a_minimum_the_bulk_move_meets_at_the_floor_needs_no_round(policy, descend_calls):
+    """Under the memory floor, where no baseline's plan peaks at the floor but the bulk move's
+    does (every window swapped, waiting for its copies out), the stated minimum is the floor
+    without a tightening round: the only descent run is the bulk move's, for the floor alone.  A
+    round of descents (the tightening without the solve's descents, which skips the probe) states
+    the same minimum, and a solve meets it."""
+    p = random_layered_graph(80, seed=0)
+    floor = memory_lower_bound(p)
+    solver = get_solver("libra", policy=policy)
+    assert get_solver("swap-all").solve(p, floor // 2, raise_on_infeasible=False).min_feasible_bytes > floor
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solver.solve(p, floor // 2)
+    m = info.value.min_feasible_bytes
+    assert m == floor and "the memory floor" in str(info.value)
+    assert [budgets for _, budgets in descend_calls] == [(floor,)]
+    assert_fits(p, solver.solve(p, m))
+    descend_calls.clear()
+    round_ = solver._tightened(p, info.value.__class__(floor // 2, m * 2, "libra", "above the floor"), solver._pool(p))
+    assert round_.min_feasible_bytes == m and len(descend_calls) > 1 and "rounds" in str(round_)
+    # a sweep states the same
+    rs = solver.solve_many(p, [floor // 2, m])
+    assert not rs[0].success and rs[0].min_feasible_bytes == m and rs[1].success
+
+
 def test_swap_only_mode_is_never_above_swap_all_and_states_no_higher_minimum(descend_calls):
     """Swap-only mode's portfolio holds ``swap-all``'s plans (as hybrid's does): where they meet a
     budget its plan is no costlier, and under the memory floor its stated minimum is no higher than

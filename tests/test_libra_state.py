@@ -273,7 +273,7 @@ def test_a_solve_gives_the_same_answer_where_a_retention_replays_every_chain_it_
     def answers():
         return [_answer(get_solver("libra", policy=policy).solve(random_layered_graph(n, seed=3), frac,
                                                                  raise_on_infeasible=False))
-                for n, frac in ((120, 0.8), (120, 0.4), (60, 0.6))]
+                for n, frac in ((120, 0.8), (120, 0.4), (60, 0.6), (60, 0.7))]
 
     monkeypatch.setattr(estimate, "kept_by_retention", _recorded(estimate.kept_by_retention, found))
     kept = answers()
@@ -540,7 +540,7 @@ def test_a_held_variant_refused_unevaluated_is_refused_evaluated_too(policy, mon
 
     for name in ("_try_merge", "_try_retain"):
         monkeypatch.setattr(refine.Refiner, name, compared(name))
-    for n, seed, frac in ((120, 2, 0.8), (120, 2, 0.4), (200, 0, 0.7)):
+    for n, seed, frac in ((120, 2, 0.8), (120, 2, 0.55), (120, 2, 0.4), (200, 0, 0.7)):
         get_solver("libra", policy=policy).solve(random_layered_graph(n, seed=seed), frac, raise_on_infeasible=False)
     assert set(refused) == {"_try_merge", "_try_retain"}
 

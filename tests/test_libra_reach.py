@@ -227,7 +227,7 @@ def test_under_the_floor_a_minimum_the_bulk_move_meets_at_the_floor_needs_no_rou
     assert [budgets for _, budgets in descend_calls] == [(floor,)]
     assert_fits(p, solver.solve(p, m))
     descend_calls.clear()
-    round_ = solver._tightened(p, info.value.__class__(floor // 2, m * 2, "libra", "above the floor"), solver._pool(p))
+    round_ = solver._tightened(p, InfeasibleBudgetError(floor // 2, m * 2, "libra", "above the floor"), solver._pool(p))
     assert round_.min_feasible_bytes == m and len(descend_calls) > 1 and "rounds" in str(round_)
     # a sweep states the same
     rs = solver.solve_many(p, [floor // 2, m])

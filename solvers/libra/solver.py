@@ -1365,8 +1365,8 @@ class LibraSolver(Solver):
         returns it without its rounds of descents, which reach the same
         budget (the floor is on their grid, and the smallest budget they
         find met) for the cost of a solve's descents.  ``h100_llama_b8``
-        hybrid at 0.3 of its peak: 1.95 -> 0.1 CPU s; the external
-        ``random_layered_n100`` hybrid at 0.3: 0.15 -> 0.01 s.  ``False``
+        hybrid at 0.3 of its peak: 1.96 -> 0.19 CPU s; the external
+        ``random_layered_n100`` hybrid at 0.3: 0.15 -> 0.03 s.  ``False``
         where the bulk move is not allowed (:meth:`_bulk_ok`) or does not
         plan within the floor (the rounds run as before)."""
         if not ran or not self._bulk_ok(problem):

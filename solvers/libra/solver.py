@@ -607,7 +607,7 @@ class LibraSolver(Solver):
             if problem.num_nodes <= self.POOL_MAX_NODES and self._bulk_ok(problem):
                 # the bulk move at every budget on small problems (cheap there): the budgets a solve meets
                 # through it are the ones the tightening finds met
-                refs.append(_BulkSwapRefiner(problem, dataclasses.replace(o, swap_waits=True)))
+                refs.append(self._bulk(problem, refs[0]))
             return refs
         if o.policy == "hybrid":   # (waits for copies out: only as set, or as a fallback, see _fallbacks)
             waits = bool(o.swap_waits)
@@ -639,6 +639,16 @@ class LibraSolver(Solver):
         for ref in refs[1:]:
             ref.variant_bounds = problem.num_nodes <= self.VARIANT_BOUNDS_MAX_NODES
         return refs
+
+    @staticmethod
+    def _bulk(problem: RematProblem, main: Refiner) -> "_BulkSwapRefiner":
+        """The bulk move (:class:`_BulkSwapRefiner`) with the options every
+        caller gives it: those of the solve's main descent ``main``,
+        swap-only, waiting for copies out; as a portfolio member in swap-only
+        mode (:meth:`_refiners`), as a fallback (:meth:`_missed`) and as
+        the floor probe (:meth:`_floor_met`), so that the probe's plan is
+        the one a solve at the floor finds."""
+        return _BulkSwapRefiner(problem, dataclasses.replace(main.opts, policy="swap", swap_waits=True))
 
     def _bulk_ok(self, problem: RematProblem) -> bool:
         """Whether this solve may use the bulk move (:class:`_BulkSwapRefiner`):
@@ -715,7 +725,7 @@ class LibraSolver(Solver):
         bulk, bulk_snaps = [], []
         if self._bulk_ok(problem) and not any(isinstance(r, _BulkSwapRefiner) for r in refs):
             # the bulk move: every window swapped with its waits, down to the memory floor (_BulkSwapRefiner)
-            ref = _BulkSwapRefiner(problem, dataclasses.replace(refs[0].opts, policy="swap", swap_waits=True))
+            ref = self._bulk(problem, refs[0])
             ref.asked = set(missing)
             bulk, bulk_snaps = [ref], self._descend_all([ref], missing, spent_s=sum(r.clock_s() for r in refs))
             if o.policy == "swap" and problem.num_nodes > self.POOL_MAX_NODES:
@@ -1236,6 +1246,7 @@ class LibraSolver(Solver):
     CHECKPOINT_EVERY = 8
     CHECKPOINT_MAX_NODES = 1000
     _tight_detail = "the smallest budget it plans, verified"
+    _floor_detail = "the memory floor: no plan fits under it, and a solve meets it"
 
     def _first_planned(self, problem: RematProblem, budgets: list[int], pool: _BaselinePool | None,
                        ran: list[Refiner] | None = None, ran_more: list[Refiner] | None = None
@@ -1323,8 +1334,7 @@ class LibraSolver(Solver):
         if hi <= lo + 1 and self._under_floor(problem, int(err.budget_bytes)):   # _below_floor's: a solve meets it
             verified = True
         elif lo < floor <= hi and self._floor_met(problem, floor, pool, ran):   # nothing lower can be met
-            return InfeasibleBudgetError(err.budget_bytes, floor, self.name,
-                                         "the memory floor: no plan fits under it, and a solve meets it")
+            return InfeasibleBudgetError(err.budget_bytes, floor, self.name, self._floor_detail)
         while rounds < self.TIGHTEN_ROUNDS and (not verified or hi * (1 - self.TIGHTEN_REL) > lo):
             rounds += 1
             log_lo = math.log(max(lo, 1))
@@ -1347,8 +1357,7 @@ class LibraSolver(Solver):
         if not verified:
             return err
         if not rounds:
-            return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
-                                         "the memory floor: no plan fits under it, and a solve meets it")
+            return InfeasibleBudgetError(err.budget_bytes, hi, self.name, self._floor_detail)
         return InfeasibleBudgetError(err.budget_bytes, hi, self.name,
                                      f"{self._tight_detail} ({rounds} rounds; the highest budget found infeasible "
                                      f"is {lo} bytes)")
@@ -1375,7 +1384,7 @@ class LibraSolver(Solver):
             return False
         ref = next((r for r in ran if isinstance(r, _BulkSwapRefiner)), None)
         if ref is None:
-            ref = _BulkSwapRefiner(problem, dataclasses.replace(ran[0].opts, policy="swap", swap_waits=True))
+            ref = self._bulk(problem, ran[0])
         snap = ref.descend([floor]).get(floor)
         if snap is None:
             return False

@@ -696,3 +696,42 @@ def test_a_retained_input_freed_inside_its_chain_is_counted_there():
     ch = tl.state.chains[21]
     held_through = ch.peak_bytes - ch.kept_bytes + tl.chain_held_bytes(21)   # the rise held through the chain
     assert int(tl.state.regen_off[21]) < held_through - int(tl.tables.newws[21])
+
+
+@pytest.mark.parametrize("policy", ["recompute", "hybrid", "swap"])
+def test_the_estimates_walk_takes_the_lowerings_steps(policy, monkeypatch):
+    """Every walk of the estimate's chain replays (``chains._walk``, the lowering's walk with the state
+    queries inlined) over whole solves, planned and infeasible, on a graph with views and on random layered
+    ones: its steps are those of ``regeneration_steps`` (the lowering's) given the same answers, and the
+    last step reading each tensor is where that walk's pending reads end; swap-ins are taken in the
+    swapped modes."""
+    from libra_opt.frontend.importers import load_problem_any
+    from libra_opt.generators import random_layered_graph
+    from libra_opt.passes.regeneration import regeneration_steps
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import chains
+    from libra_opt.solvers.libra.codes import ARRIVING, LIVE
+
+    walk, seen = chains._walk, Counter()
+
+    def checked(pt, st, q, missing, cache, tstate, swapped):
+        steps, last = walk(pt, st, q, missing, cache, tstate, swapped)
+        tsto = pt.t_storage
+        by_swap = None if swapped is None else (lambda t: t == tsto[t] and (cache[t] == ARRIVING or swapped[t]))
+        want, pending = regeneration_steps((), missing, lambda t: cache[t] != LIVE, by_swap, pt.t_prod, pt.n_inputs)
+        assert [(True, ~x) if x < 0 else (False, x) for x in steps] == want
+        reads = {}
+        for k, x in enumerate(steps):
+            for u in (pt.n_inputs[x] if x >= 0 else ()):
+                reads[u] = k
+        assert last == reads and set(last) == {u for u, n in pending.items() if n}
+        seen["swap-in" if any(x < 0 for x in steps) else "recompute"] += 1
+        return steps, last
+
+    monkeypatch.setattr(chains, "_walk", checked)
+    views = load_problem_any(Path(__file__).resolve().parents[1] / "problems" / "gpt2-tiny-b2-s32-cpu.json.gz")
+    for problem, frac in ((views, 0.5), (random_layered_graph(80, seed=4), 0.6),
+                          (random_layered_graph(60, seed=2), 0.3)):
+        get_solver("libra", policy=policy).solve(problem, frac, raise_on_infeasible=False)
+    assert (seen["recompute"] > 0) == (policy != "swap")
+    assert (seen["swap-in"] > 0) == (policy != "recompute")

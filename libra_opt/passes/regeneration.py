@@ -4,7 +4,10 @@ One rule, used by both the lowering (:mod:`libra_opt.passes.lowering`, which
 emits the instructions) and the ``libra`` estimate
 (:mod:`libra_opt.solvers.libra.chains`, which counts the chain's bytes and
 seconds without emitting anything), so that the estimate replays exactly
-what the lowering will run:
+what the lowering will run (the estimate runs the walk with its state
+queries inlined, ``chains._walk``, which
+``tests/test_libra_state.py`` holds equal to :func:`regeneration_steps`
+over whole solves):
 
 1. **The walk** (:func:`regeneration_steps`): a post-order over the missing
    tensors a node needs.  A missing tensor comes back by a swap-in (the

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Callable, NamedTuple
 
-from libra_opt.passes.regeneration import regeneration_steps
-
 from .codes import ARRIVING, KEEP, LIVE, MISSING, REC, SWAP
 
 
@@ -316,6 +314,77 @@ def _holds(pt, wt, st, q: int, e: _Entry, early: tuple, ts: Callable) -> bool:
     return True
 
 
+def _walk(pt, st, q: int, missing: list, cache: dict, tstate: Callable, swapped: dict | None
+          ) -> tuple[list[int], dict[int, int]]:
+    """The estimate's walk: the steps that regenerate ``missing`` before
+    node ``q``, in the order of the lowering's walk
+    (:func:`~libra_opt.passes.regeneration.regeneration_steps`, which
+    ``tests/test_libra_state.py`` holds equal to it over whole solves), with the state
+    queries inlined (this runs in every candidate evaluation).
+
+    ``cache``: tensor -> state before the chain (:func:`state_reader`'s
+    answer; every tensor the walk asks is added, in the order asked);
+    ``tstate``: the state reader; ``swapped``: ``None`` where no tensor comes
+    back by a swap-in, else a dict the walk fills with :func:`has_swap`'s
+    answer for each missing base tensor it enters that is not arriving (in
+    the order asked).  Returns ``steps`` (a node ``n >= 0`` is recomputed,
+    ``~t`` swaps tensor ``t`` in) and ``last``: per tensor the index in
+    ``steps`` of the last step that reads it (the node's own reads are the
+    caller's to add).  Source: Checkmate (MLSys 2020), sec. 4.5."""
+    producer, n_inputs, tsto = pt.t_prod, pt.n_inputs, pt.t_storage
+    t_act, t_out, last_eff = pt.t_act, pt.t_out, st.t_last_eff
+    rev = pt.memo("libra.chains.rev_inputs", lambda: [tuple(reversed(n_inputs[n])) if n is not None else ()
+                                                      for n in producer])
+    visited: set[int] = set()
+    seen: set[int] = set()      # nodes emitted (a producer of several missing outputs runs once)
+    back: set[int] = set()      # tensors entered that come back by a swap-in
+    steps: list[int] = []
+    last: dict[int, int] = {}
+    stack = list(reversed(missing))
+    pop, push, visit, emit, cget = stack.pop, stack.append, visited.add, steps.append, cache.get
+    while stack:
+        t = pop()
+        if t < 0:   # ~t: t's inputs are done, emit its step
+            t = ~t
+            if t in back:
+                emit(~t)
+                continue
+            n = producer[t]
+            if n not in seen:
+                seen.add(n)
+                k = len(steps)
+                emit(n)
+                for u in n_inputs[n]:
+                    last[u] = k
+            continue
+        if t in visited:
+            continue
+        visit(t)
+        push(~t)
+        if swapped is not None and t == tsto[t]:   # by a swap-in: arriving, or its storage is swapped
+            if cache[t] == ARRIVING:
+                back.add(t)
+                continue
+            v = swapped[t] = has_swap(st, t)
+            if v:
+                back.add(t)
+                continue
+        for u in rev[t]:
+            if u in visited:
+                continue
+            v = cget(u)
+            if v is None:   # state_reader's answer, its first two cases inline
+                if not t_act[u]:
+                    v = cache[u] = LIVE
+                elif not t_out[u] and last_eff[u] < q:
+                    v = cache[u] = MISSING
+                else:
+                    v = cache[u] = tstate(u, q)
+            if v != LIVE:
+                push(u)
+    return steps, last
+
+
 def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Chain | None:
     """:func:`chain_at`'s replay (``plain``: no tensor comes back by a
     swap-in), kept in ``memo`` under ``key`` with the answers it was built
@@ -346,28 +415,11 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             v = cache[t] = tstate(t, q)
         return v
 
-    def is_missing(t):
-        """Tensor ``t`` is not resident before this chain (``stc(t) != LIVE``, the lookup inlined)."""
-        v = cache.get(t)
-        if v is None:
-            v = cache[t] = tstate(t, q)
-        return v != LIVE
-
     swapped: dict[int, bool] = {}   # base tensor -> has_swap's answer
-
-    def by_swap(t):
-        """A missing tensor comes back by a swap-in: a base storage arriving, or with a swap decision
-        (``is_missing`` has cached its state)."""
-        if t != tsto[t]:
-            return False
-        if cache[t] == ARRIVING:
-            return True
-        v = swapped[t] = has_swap(st, t)
-        return v
-
-    if plain:
-        by_swap = None   # no window swapped (nor arriving): every missing tensor is recomputed
-    steps, pending = regeneration_steps(needed, missing, is_missing, by_swap, pt.t_prod, n_inputs)
+    steps, last = _walk(pt, st, q, missing, cache, tstate, None if plain else swapped)
+    after = len(steps)
+    for u in needed:   # read by the node itself: kept through the chain
+        last[u] = after
     made: set[int] = set()
     resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
     refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
@@ -410,11 +462,14 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
 
     # the byte accounting of add and drop is inlined below, the cache lookup of allocated_before, and the
     # drop rule (dropped_after_step's test, run on each candidate in its order: a tensor dropped leaves
-    # ``resident``, so a second read of it is not dropped twice): this loop runs for every candidate
-    # evaluation of the descents and the finish
-    pget = pending.get
-    for sw, x in steps:
+    # ``resident``, so a second read of it is not dropped twice; no read pending after step k: the last
+    # step reading it is at most k): this loop runs for every candidate evaluation of the descents and
+    # the finish
+    lget = last.get
+    for k, x in enumerate(steps):
+        sw = x < 0
         if sw:
+            x = ~x
             if x in resident or stc(x) == LIVE:
                 continue
             if stc(x) == ARRIVING:   # waits for its prefetch in flight: allocated already
@@ -434,7 +489,9 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                     transient += nb[t]
                 else:
                     new.append(t)
-            if not new:
+            if not new:   # not run: its reads stay pending to the end (the lowering's rule)
+                for u in n_inputs[x]:
+                    last[u] = after
                 continue
             if not n_recomp[x]:
                 feasible = False
@@ -474,12 +531,9 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                 peak = c
             vals.append(c)
             seq.append(x)
-            ins = n_inputs[x]
-            for u in ins:
-                pending[u] -= 1
-            cands = (*ins, *new)
+            cands = (*n_inputs[x], *new)
         for t in cands:                  # the drop rule, then drop(t)
-            if t in resident and not pget(t, 0) and not t_out[t] and (last_eff[t] <= q or off(tsto[t], q)):
+            if t in resident and lget(t, -1) <= k and not t_out[t] and (last_eff[t] <= q or off(tsto[t], q)):
                 resident.discard(t)
                 if alone[t]:
                     cur -= nb[t]

@@ -281,3 +281,28 @@ def test_covering_program_covers_every_excess_without_a_warning(chained):
             for b in cols:
                 if a < b and tl.windows.w_s[a] == tl.windows.w_s[b]:
                     assert hi[a] < lo[b] or hi[b] < lo[a]
+
+
+def test_a_finisher_alone_brings_every_position_within_the_budget(monkeypatch):
+    """The finish-first local descent's finishers (``exchange._meets``): each one, taken alone, leaves no
+    position of the plan over the budget (not only the peak's), on the VGG segmentation graph, whose
+    exchanges take finish steps."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import exchange as X
+
+    taken = []
+    step = X._finish_step
+
+    def checked(ref, tl, records, budget, p, peak, fins):
+        for fin in fins:
+            t2 = tl.copy()
+            ref.commit(fin.move, p, peak, t2, dict(records), X.REASON_EXCHANGE)
+            taken.append(int(t2.memory().max()) <= budget)
+        return step(ref, tl, records, budget, p, peak, fins)
+
+    monkeypatch.setattr(X, "_finish_step", checked)
+    for frac in (0.8, 0.5, 0.4):
+        p = G.vgg_segmentation_graph()
+        get_solver("libra", policy="recompute").solve(p, int(frac * no_remat_peak(p)), raise_on_infeasible=False)
+    assert taken and all(taken)

@@ -2,6 +2,7 @@
 a sweep is monotone in cost, hybrid reaches as low as every single policy
 and baseline and is never costlier at a budget they meet, and a stated
 minimum is a budget the solver then meets."""
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -661,3 +662,36 @@ def test_a_descent_no_early_regeneration_changed_is_its_own_fallback_without_the
                 before = [b for b in want if want[b].step <= ref.early_step]
                 assert all(b in got and _state(got[b]) == _state(want[b]) for b in before), policy
     assert twins and changed   # both cases seen
+
+
+def test_the_main_descents_fallback_without_early_regeneration_reaches_below_every_early_descent(monkeypatch):
+    """Where descents took early regenerations (which hold memory and can end a greedy descent sooner),
+    the fallback without them runs for the descents ordered by the plain recomputation's cost
+    (``LibraSolver._missed``), and only for those: on ``random_layered_graph(150, seed=35)``
+    recompute-only under its reach, the main descent's fallback ends lower than every descent that took
+    one, and the stated minimum is its end, met by a solve there."""
+    from libra_opt.solvers.libra import solver as S
+    from libra_opt.solvers.libra.refine import Refiner
+
+    built = []
+    init = Refiner.__init__
+
+    def kept(self, *a, **k):
+        init(self, *a, **k)
+        built.append(self)
+
+    monkeypatch.setattr(Refiner, "__init__", kept)
+    p = random_layered_graph(150, seed=35)
+    r = get_solver("libra", policy="recompute").solve(p, int(0.45 * no_remat_peak(p)), raise_on_infeasible=False)
+    plain = [ref for ref in built if type(ref) is Refiner]
+    early = [ref for ref in plain if ref.opts.early]
+    fallbacks = [ref for ref in plain if not ref.opts.early]
+    assert any(ref.used_early for ref in early) and fallbacks
+    # one per early descent not ordered by its recompute variants (and not its own fallback)
+    wanted = [ref for ref in early if not ref.variant_bounds and not S.LibraSolver._own_plain_twin(ref)]
+    assert sorted(map(repr, (f.opts for f in fallbacks))) == sorted(
+        repr(dataclasses.replace(ref.opts, early=False)) for ref in wanted)
+    lowest = min(ref.final().peak_bytes for ref in fallbacks)
+    assert lowest < min(ref.final().peak_bytes for ref in early)
+    assert not r.success and r.min_feasible_bytes == lowest
+    assert get_solver("libra", policy="recompute").solve(random_layered_graph(150, seed=35), lowest).success

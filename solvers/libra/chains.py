@@ -420,8 +420,8 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     after = len(steps)
     for u in needed:   # read by the node itself: kept through the chain
         last[u] = after
-    made: set[int] = set()
-    resident: set[int] = set()      # tensors made resident by the chain (a subset of made)
+    made: list[int] = []            # tensors the chain makes resident (each once: the walk enters a tensor once)
+    resident: set[int] = set()      # tensors made resident by the chain and not freed yet
     refs: dict[int, int] = {}       # storage -> chain-made resident tensors on it
     pre_alloc: dict[int, bool] = {}  # storage -> allocated before the chain
     cur = peak = 0
@@ -429,7 +429,7 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     nodes = []
     waits = []
     vals: list[int] = []   # memory above the chain's start at each allocating step, and that step's node
-    seq: list[int] = []
+    seq: list[int] | None = None    # (the nodes of ``nodes`` until a swap-in allocates: then built apart)
     feasible = True
     nb = pt.t_nbytes
     t_out, t_act, views, last_eff = pt.t_out, pt.t_act, pt.views, st.t_last_eff
@@ -475,7 +475,7 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             if stc(x) == ARRIVING:   # waits for its prefetch in flight: allocated already
                 waits.append((x, time_s))
                 resident.add(x)
-                made.add(x)
+                made.append(x)
                 refs[x] = refs.get(x, 0) + 1
                 new = ()
             else:
@@ -499,7 +499,7 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             time_s += n_time[x]
         for t in new:                    # add(t)
             resident.add(t)
-            made.add(t)
+            made.append(t)
             if alone[t]:
                 cur += nb[t]
                 continue
@@ -523,6 +523,8 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                 if cur > peak:
                     peak = cur
                 vals.append(cur)
+                if seq is None:
+                    seq = list(nodes)
                 seq.append(-1)
             cands = (x,)
         else:
@@ -530,7 +532,8 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
             if c > peak:
                 peak = c
             vals.append(c)
-            seq.append(x)
+            if seq is not None:
+                seq.append(x)
             cands = (*n_inputs[x], *new)
         for t in cands:                  # the drop rule, then drop(t)
             if t in resident and lget(t, -1) <= k and not t_out[t] and (last_eff[t] <= q or off(tsto[t], q)):
@@ -552,8 +555,9 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     # that starts covering ``q`` changes the chain (``affected``), an output of a recomputed node found
     # resident (counted as transient) too, which is then made instead
     touched = frozenset([tsto[t] for t in cache if t_act[t]])
-    ch = Chain(tuple(nodes), time_s, int(peak), int(cur), touched, feasible, tuple(waits),
-               tuple(sorted(made)), tuple(vals), tuple(seq), cache)
+    nodes = tuple(nodes)
+    ch = Chain(nodes, time_s, int(peak), int(cur), touched, feasible, tuple(waits),
+               tuple(sorted(made)), tuple(vals), nodes if seq is None else tuple(seq), cache)
     if len(cache) < MEMO_MIN_QUERIES:
         return ch
     last_of = itemgetter(*cache)

@@ -702,9 +702,9 @@ def test_a_retained_input_freed_inside_its_chain_is_counted_there():
 def test_the_estimates_walk_takes_the_lowerings_steps(policy, monkeypatch):
     """Every walk of the estimate's chain replays (``chains._walk``, the lowering's walk with the state
     queries inlined) over whole solves, planned and infeasible, on a graph with views and on random layered
-    ones: its steps are those of ``regeneration_steps`` (the lowering's) given the same answers, and the
-    last step reading each tensor is where that walk's pending reads end; swap-ins are taken in the
-    swapped modes."""
+    ones: its steps are those of ``regeneration_steps`` (the lowering's) given the same answers, it asks the
+    states that walk asks, in the same order, and the last step reading each tensor is where that walk's
+    pending reads end; swap-ins are taken in the swapped modes."""
     from libra_opt.frontend.importers import load_problem_any
     from libra_opt.generators import random_layered_graph
     from libra_opt.passes.regeneration import regeneration_steps
@@ -715,11 +715,21 @@ def test_the_estimates_walk_takes_the_lowerings_steps(policy, monkeypatch):
     walk, seen = chains._walk, Counter()
 
     def checked(pt, st, q, missing, cache, tstate, swapped):
+        before = set(cache)
+        n_before = len(cache)
         steps, last = walk(pt, st, q, missing, cache, tstate, swapped)
         tsto = pt.t_storage
         by_swap = None if swapped is None else (lambda t: t == tsto[t] and (cache[t] == ARRIVING or swapped[t]))
-        want, pending = regeneration_steps((), missing, lambda t: cache[t] != LIVE, by_swap, pt.t_prod, pt.n_inputs)
+        asked = []
+
+        def is_missing(t):
+            asked.append(t)
+            return cache[t] != LIVE
+
+        want, pending = regeneration_steps((), missing, is_missing, by_swap, pt.t_prod, pt.n_inputs)
         assert [(True, ~x) if x < 0 else (False, x) for x in steps] == want
+        # the same states asked, in the order first asked (a tensor's state is asked once: cached)
+        assert list(cache)[n_before:] == [t for t in dict.fromkeys(asked) if t not in before]
         reads = {}
         for k, x in enumerate(steps):
             for u in (pt.n_inputs[x] if x >= 0 else ()):

@@ -703,8 +703,8 @@ def test_the_estimates_walk_takes_the_lowerings_steps(policy, monkeypatch):
     """Every walk of the estimate's chain replays (``chains._walk``, the lowering's walk with the state
     queries inlined) over whole solves, planned and infeasible, on a graph with views and on random layered
     ones: its steps are those of ``regeneration_steps`` (the lowering's) given the same answers, it asks the
-    states that walk asks, in the same order, and the last step reading each tensor is where that walk's
-    pending reads end; swap-ins are taken in the swapped modes."""
+    states that walk asks, in the same order, its inlined answers are ``state_reader``'s, and the last step
+    reading each tensor is where that walk's pending reads end; swap-ins are taken in the swapped modes."""
     from libra_opt.frontend.importers import load_problem_any
     from libra_opt.generators import random_layered_graph
     from libra_opt.passes.regeneration import regeneration_steps
@@ -730,6 +730,8 @@ def test_the_estimates_walk_takes_the_lowerings_steps(policy, monkeypatch):
         assert [(True, ~x) if x < 0 else (False, x) for x in steps] == want
         # the same states asked, in the order first asked (a tensor's state is asked once: cached)
         assert list(cache)[n_before:] == [t for t in dict.fromkeys(asked) if t not in before]
+        # the answers inlined in the walk are the state reader's
+        assert all(cache[t] == tstate(t, q) for t in list(cache)[n_before:])
         reads = {}
         for k, x in enumerate(steps):
             for u in (pt.n_inputs[x] if x >= 0 else ()):

@@ -747,3 +747,40 @@ def test_the_estimates_walk_takes_the_lowerings_steps(policy, monkeypatch):
         get_solver("libra", policy=policy).solve(problem, frac, raise_on_infeasible=False)
     assert (seen["recompute"] > 0) == (policy != "swap")
     assert (seen["swap-in"] > 0) == (policy != "recompute")
+
+
+def test_the_replays_short_loop_builds_the_general_loops_chains(monkeypatch):
+    """``chains._replay``'s short loop (every step a node with one output alone on its storage, nothing back
+    by a swap-in) builds the chain its general loop builds: over whole recompute-only and hybrid solves on
+    random layered graphs and a CNN graph, each chain replayed is compared, field by field, with the general
+    loop's replay of the same position and state (the short loop's table emptied); both loops are taken."""
+    from libra_opt.generators import random_layered_graph, vgg_segmentation_graph
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import chains
+
+    replay, taken = chains._replay, Counter()
+    fields = ("nodes", "time_s", "peak_bytes", "kept_bytes", "touched", "feasible", "waits", "made", "vals", "seq")
+
+    def checked(pt, wt, st, q, plain, memo, key):
+        got = replay(pt, wt, st, q, plain, memo, key)
+        table = pt.memo("libra.chains.one_alone_out", lambda: chains._one_alone_out(pt))
+        short = got is not None and plain and min(table[x] for x in got.nodes) >= 0 and got.seq == got.nodes
+        taken["short" if short else "general"] += 1
+        saved = list(table)
+        table[:] = [-1] * len(table)   # every node off the short loop's table: the general loop
+        try:
+            want = replay(pt, wt, st, q, plain, chains.ChainMemo(), key)
+        finally:
+            table[:] = saved
+        assert (got is None) == (want is None)
+        if got is not None:
+            assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
+            assert list(got.asked.items()) == list(want.asked.items())
+        return got
+
+    monkeypatch.setattr(chains, "_replay", checked)
+    for policy in ("recompute", "hybrid"):
+        for problem, frac in ((random_layered_graph(80, seed=4), 0.6), (random_layered_graph(60, seed=2), 0.3),
+                              (vgg_segmentation_graph(), 0.5)):
+            get_solver("libra", policy=policy).solve(problem, frac, raise_on_infeasible=False)
+    assert taken["short"] > 0 and taken["general"] > 0

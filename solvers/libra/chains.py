@@ -385,6 +385,14 @@ def _walk(pt, st, q: int, missing: list, cache: dict, tstate: Callable, swapped:
     return steps, last
 
 
+def _one_alone_out(pt) -> list[int]:
+    """Per node, its output where it has exactly one and that one is alone
+    on its storage (``pt.t_alone``), else -1 (list of int, length ``N``):
+    the nodes :func:`_replay`'s short loop takes."""
+    alone = pt.t_alone
+    return [o[0] if len(o) == 1 and alone[o[0]] else -1 for o in pt.n_outputs]
+
+
 def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Chain | None:
     """:func:`chain_at`'s replay (``plain``: no tensor comes back by a
     swap-in), kept in ``memo`` under ``key`` with the answers it was built
@@ -466,90 +474,112 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     # step reading it is at most k): this loop runs for every candidate evaluation of the descents and
     # the finish
     lget = last.get
-    for k, x in enumerate(steps):
-        sw = x < 0
-        if sw:
-            x = ~x
-            if x in resident or stc(x) == LIVE:
-                continue
-            if stc(x) == ARRIVING:   # waits for its prefetch in flight: allocated already
-                waits.append((x, time_s))
-                resident.add(x)
-                made.append(x)
-                refs[x] = refs.get(x, 0) + 1
-                new = ()
-            else:
-                new = (x,)
-        else:
-            outs = n_outputs[x]
-            new = []
-            transient = n_ws[x]
-            for t in outs:
-                if t in resident or stc(t) == LIVE:
-                    transient += nb[t]
-                else:
-                    new.append(t)
-            if not new:   # not run: its reads stay pending to the end (the lowering's rule)
-                for u in n_inputs[x]:
-                    last[u] = after
-                continue
-            if not n_recomp[x]:
-                feasible = False
-            nodes.append(x)
-            time_s += n_time[x]
-        for t in new:                    # add(t)
+    one = pt.memo("libra.chains.one_alone_out", lambda: _one_alone_out(pt)) if plain else None
+    if one is not None and min(map(one.__getitem__, steps), default=-1) >= 0:
+        # every step a node with one output alone on its storage (``one``), nothing back by a swap-in: the
+        # loop below with what it cannot meet taken out (the walk entered the output as not live and its
+        # node once: the node runs and makes it; every tensor the chain makes is alone: no reference count)
+        for k, x in enumerate(steps):
+            t = one[x]
             resident.add(t)
-            made.append(t)
-            if alone[t]:
-                cur += nb[t]
-                continue
-            s = tsto[t]
-            r = refs.get(s, 0)
-            if r == 0:
-                ab = pre_alloc.get(s)
-                if ab is None:
-                    if t == s and len(views[s]) == 1:
-                        # allocated_before(s), t its only tensor: t is not live (it is new) and its state is
-                        # cached (the checks above asked it)
-                        ab = pre_alloc[s] = bool(t_act[s]) and cache[t] == ARRIVING
-                    else:
-                        ab = allocated_before(s)
-                if not ab:
-                    cur += nb[s]
-            refs[s] = r + 1
-        if sw:
-            if new:   # a synchronous swap-in
-                time_s += nb[x] / h2d * margin1
-                if cur > peak:
-                    peak = cur
-                vals.append(cur)
-                if seq is None:
-                    seq = list(nodes)
-                seq.append(-1)
-            cands = (x,)
-        else:
-            c = cur + transient
+            cur += nb[t]
+            time_s += n_time[x]
+            c = cur + n_ws[x]
             if c > peak:
                 peak = c
             vals.append(c)
-            if seq is not None:
-                seq.append(x)
-            cands = (*n_inputs[x], *new)
-        for t in cands:                  # the drop rule, then drop(t)
-            if t in resident and lget(t, -1) <= k and not t_out[t] and (last_eff[t] <= q or off(tsto[t], q)):
-                resident.discard(t)
+            # the drop rule on the reads (on the output it never drops: the walk entered it as the chain's
+            # target or as a read of a node entered before it, which runs after this step)
+            for u in n_inputs[x]:
+                if u in resident and lget(u, -1) <= k and not t_out[u] and (last_eff[u] <= q or off(tsto[u], q)):
+                    resident.discard(u)
+                    cur -= nb[u]
+        nodes, made, feasible = steps, list(map(one.__getitem__, steps)), all(map(n_recomp.__getitem__, steps))
+    else:
+        for k, x in enumerate(steps):
+            sw = x < 0
+            if sw:
+                x = ~x
+                if x in resident or stc(x) == LIVE:
+                    continue
+                if stc(x) == ARRIVING:   # waits for its prefetch in flight: allocated already
+                    waits.append((x, time_s))
+                    resident.add(x)
+                    made.append(x)
+                    refs[x] = refs.get(x, 0) + 1
+                    new = ()
+                else:
+                    new = (x,)
+            else:
+                outs = n_outputs[x]
+                new = []
+                transient = n_ws[x]
+                for t in outs:
+                    if t in resident or stc(t) == LIVE:
+                        transient += nb[t]
+                    else:
+                        new.append(t)
+                if not new:   # not run: its reads stay pending to the end (the lowering's rule)
+                    for u in n_inputs[x]:
+                        last[u] = after
+                    continue
+                if not n_recomp[x]:
+                    feasible = False
+                nodes.append(x)
+                time_s += n_time[x]
+            for t in new:                    # add(t)
+                resident.add(t)
+                made.append(t)
                 if alone[t]:
-                    cur -= nb[t]
+                    cur += nb[t]
                     continue
                 s = tsto[t]
-                r = refs[s] - 1
-                refs[s] = r
+                r = refs.get(s, 0)
                 if r == 0:
                     ab = pre_alloc.get(s)
                     if ab is None:
-                        ab = allocated_before(s)
+                        if t == s and len(views[s]) == 1:
+                            # allocated_before(s), t its only tensor: t is not live (it is new) and its state is
+                            # cached (the checks above asked it)
+                            ab = pre_alloc[s] = bool(t_act[s]) and cache[t] == ARRIVING
+                        else:
+                            ab = allocated_before(s)
                     if not ab:
-                        cur -= nb[s]
+                        cur += nb[s]
+                refs[s] = r + 1
+            if sw:
+                if new:   # a synchronous swap-in
+                    time_s += nb[x] / h2d * margin1
+                    if cur > peak:
+                        peak = cur
+                    vals.append(cur)
+                    if seq is None:
+                        seq = list(nodes)
+                    seq.append(-1)
+                cands = (x,)
+            else:
+                c = cur + transient
+                if c > peak:
+                    peak = c
+                vals.append(c)
+                if seq is not None:
+                    seq.append(x)
+                cands = (*n_inputs[x], *new)
+            for t in cands:                  # the drop rule, then drop(t)
+                if t in resident and lget(t, -1) <= k and not t_out[t] and (last_eff[t] <= q or off(tsto[t], q)):
+                    resident.discard(t)
+                    if alone[t]:
+                        cur -= nb[t]
+                        continue
+                    s = tsto[t]
+                    r = refs[s] - 1
+                    refs[s] = r
+                    if r == 0:
+                        ab = pre_alloc.get(s)
+                        if ab is None:
+                            ab = allocated_before(s)
+                        if not ab:
+                            cur -= nb[s]
     # touched: the storages of every activation whose state the replay asked (the walk asks every input of
     # a node it recomputes, the loop every tensor it makes, the missing ones first): a window of one of them
     # that starts covering ``q`` changes the chain (``affected``), an output of a recomputed node found

@@ -306,3 +306,37 @@ def test_a_finisher_alone_brings_every_position_within_the_budget(monkeypatch):
         p = G.vgg_segmentation_graph()
         get_solver("libra", policy="recompute").solve(p, int(frac * no_remat_peak(p)), raise_on_infeasible=False)
     assert taken and all(taken)
+
+
+@pytest.mark.parametrize("cap", [True, False])
+def test_a_swap_only_plans_exchanges_evaluate_at_most_one_candidate_per_node(monkeypatch, cap):
+    """Exchange moves on a swap-only descent's plan make at most ``max(MIN_EVALS, SWAP_EVALS_PER_NODE *
+    nodes)`` candidate evaluations (a local descent checks the count at each step, which evaluates at most
+    ``EVALS_PER_STEP`` candidates), whatever the descent's own count allows; without that cap the same
+    exchanges, allowed as many as ten million, evaluate more. The plan fits its budget either way."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import exchange as X
+    from libra_opt.solvers.libra import finish as F
+
+    if not cap:
+        monkeypatch.setattr(X, "SWAP_EVALS_PER_NODE", 10**9)
+    used, moves = [], F.exchange_moves
+
+    def counted(ref, costs, tl, records, budget, descent_evals=0):
+        before = ref.evals
+        out = moves(ref, costs, tl, records, budget, 10**7)   # the descent's count allows far more
+        if not ref.allow_rec:
+            used.append(ref.evals - before)
+        return out
+
+    monkeypatch.setattr(F, "exchange_moves", counted)
+    p = G.vgg_segmentation_graph()
+    r = get_solver("libra", policy="swap").solve(p, int(0.4 * no_remat_peak(p)))
+    assert_fits(p, r)
+    allowed = max(X.MIN_EVALS, X.SWAP_EVALS_PER_NODE * p.num_nodes)
+    assert used
+    if cap:
+        assert max(used) <= allowed + X.EVALS_PER_STEP
+    else:
+        assert max(used) > max(X.MIN_EVALS, p.num_nodes) + X.EVALS_PER_STEP

@@ -518,7 +518,7 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
     cost a bounded multiple of the descent; on a swap-only descent's plan
     (``ref.allow_rec`` false) at most ``max(MIN_EVALS, SWAP_EVALS_PER_NODE *
     nodes)`` of those (``h100_resnet50_b128`` swap-only at 0.3 of its peak:
-    2,076 -> 630, none of them kept an exchange).
+    2,076 -> 636 evaluations, none of which kept an exchange).
 
     Returns
     -------

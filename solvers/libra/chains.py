@@ -474,13 +474,14 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
     # step reading it is at most k): this loop runs for every candidate evaluation of the descents and
     # the finish
     lget = last.get
-    one = pt.memo("libra.chains.one_alone_out", lambda: _one_alone_out(pt)) if plain else None
-    if one is not None and min(map(one.__getitem__, steps), default=-1) >= 0:
-        # every step a node with one output alone on its storage (``one``), nothing back by a swap-in: the
-        # loop below with what it cannot meet taken out (the walk entered the output as not live and its
-        # node once: the node runs and makes it; every tensor the chain makes is alone: no reference count)
-        for k, x in enumerate(steps):
-            t = one[x]
+    # each step's node's output where it has one alone on its storage, else -1 (``_one_alone_out``)
+    outs1 = list(map(pt.memo("libra.chains.one_alone_out", lambda: _one_alone_out(pt)).__getitem__, steps)
+                 ) if plain else None
+    if outs1 and min(outs1) >= 0:
+        # every step a node with one output alone on its storage, nothing back by a swap-in: the loop below
+        # with what it cannot meet taken out (the walk entered the output as not live and its node once: the
+        # node runs and makes it; every tensor the chain makes is alone: no reference count)
+        for k, (x, t) in enumerate(zip(steps, outs1)):
             resident.add(t)
             cur += nb[t]
             time_s += n_time[x]
@@ -494,7 +495,7 @@ def _replay(pt, wt, st, q: int, plain: bool, memo: ChainMemo, key: tuple) -> Cha
                 if u in resident and lget(u, -1) <= k and not t_out[u] and (last_eff[u] <= q or off(tsto[u], q)):
                     resident.discard(u)
                     cur -= nb[u]
-        nodes, made, feasible = steps, list(map(one.__getitem__, steps)), all(map(n_recomp.__getitem__, steps))
+        nodes, made, feasible = steps, outs1, all(map(n_recomp.__getitem__, steps))
     else:
         for k, x in enumerate(steps):
             sw = x < 0

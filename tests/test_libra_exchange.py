@@ -340,3 +340,42 @@ def test_a_swap_only_plans_exchanges_evaluate_at_most_one_candidate_per_node(mon
         assert max(used) <= allowed + X.EVALS_PER_STEP
     else:
         assert max(used) > max(X.MIN_EVALS, p.num_nodes) + X.EVALS_PER_STEP
+
+
+def test_the_covering_programs_start_is_built_once_and_handed_out_as_copies():
+    """The covering program's windows applied to a keep-everything timeline
+    (``exchange._cover_start``) are built once per problem, window mode, margin, budget and
+    program and shared by the solve's descents: each gets a copy equal to a start built anew
+    (the memo emptied), with the same decision records, whatever the descent's own options, and
+    a change to one copy reaches neither the other nor the kept start."""
+    import numpy as np
+
+    from libra_opt.solvers.libra import exchange as X
+    from libra_opt.solvers.libra.estimate import KEEP
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraOptions
+
+    p = G.large_beside_small_graph(24, seed=3)
+    a = Refiner(p, LibraOptions(policy="recompute", windows="default", retain_inputs=True))
+    b = Refiner(p, LibraOptions(policy="hybrid", windows="default", retain_inputs=False, merge=True))
+    budget = int(0.8 * int(a.tl.memory().max()))
+
+    def state(start):
+        tl, records = start
+        return (tl.state.pol.tolist(), tl.state.w_b.tolist(), tl.memory().tolist(), round(tl.added_s(), 12),
+                sorted(records.items()))
+
+    first, second = X._cover_start(a, budget, True), X._cover_start(b, budget, True)
+    assert first[1], "the program recomputes windows"
+    assert state(first) == state(second)
+    assert first[0] is not second[0] and first[0].state is not second[0].state and first[1] is not second[1]
+    assert len(p.tables.memo("libra.cover_starts", dict)) == 1
+    p.tables.memo("libra.cover_starts", dict).clear()
+    assert state(X._cover_start(b, budget, True)) == state(first)
+    j = next(iter(first[1]))
+    tl = first[0]
+    tl.apply(j, KEEP, tl.evaluate(j, KEEP))
+    del first[1][j]
+    assert state(second) != state(first)
+    assert state(X._cover_start(a, budget, True)) == state(second)
+    assert not np.array_equal(first[0].state.pol, second[0].state.pol)

@@ -64,6 +64,7 @@ import numpy as np
 
 from libra_opt.passes.lowering import Policy
 
+from .chains import ChainMemo
 from .estimate import KEEP, REC, Timeline
 from .explain import REASON_EXCHANGE, explain
 from .records import Evaluator, Move, OptionCosts, fresh_timeline
@@ -478,15 +479,51 @@ def _cover_plan(ref: Evaluator, costs: OptionCosts, budget: int) -> tuple[Timeli
 
 def _covered(ref: Evaluator, costs: OptionCosts, budget: int, chained: bool) -> tuple[Timeline, dict] | None:
     """One covering program's plan (:func:`_cover_plan`), or ``None``."""
+    start = _cover_start(ref, budget, chained)
+    if start is None:
+        return None
+    tl, records = start
+    done = _descend_local(ref, costs, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)
+    if done is None:
+        return None
+    tl, records = done
+    _undo(ref, tl, records, budget)
+    return tl, records
+
+
+def _cover_start(ref: Evaluator, budget: int, chained: bool) -> tuple[Timeline, dict] | None:
+    """The windows of one covering program (:func:`_cover_windows`) applied,
+    largest first, to a keep-everything timeline, with their decision
+    records: copies, to complete (:func:`_covered`); ``None`` where the
+    program has no solution.  Both are built once per problem, window mode,
+    margin, budget and program (the ``"libra.covers"`` and
+    ``"libra.cover_starts"`` memos of the problem's tables): they read no
+    descent (the timeline's own evaluations), and the solve's descents
+    finish their plans from the same ones (the VGG segmentation graph
+    recompute-only at 0.5 of its peak: three descents' plans, two
+    programs)."""
     key = (ref.mode, float(ref.opts.swap_overlap_margin), int(budget), chained)
     per = ref.problem.tables.memo("libra.covers", dict)   # per (window mode, margin, budget, chained)
     if key not in per:
         per[key] = _cover_windows(ref, budget, chained)
     if not per[key]:
         return None
+    starts = ref.problem.tables.memo("libra.cover_starts", dict)   # the same keys
+    if key not in starts:
+        starts[key] = _applied(ref, per[key])
+    tl, records = starts[key]
+    tl = tl.copy()
+    tl.state.memo = ChainMemo()   # a cache of this descent's own, as fresh_timeline gives
+    return tl, dict(records)
+
+
+def _applied(ref: Evaluator, windows: list[int]) -> tuple[Timeline, dict]:
+    """``windows`` recomputed, in that order (each where it is feasible), on a
+    keep-everything timeline of ``ref``'s window mode and margin, with a
+    decision record each (reason ``REASON_EXCHANGE``)."""
     tl = fresh_timeline(ref.problem, ref.mode, ref.opts.swap_overlap_margin)
     records: dict = {}
-    for j in per[key]:
+    for j in windows:
         eff = tl.evaluate(j, REC)
         if not eff.feasible:
             continue
@@ -498,11 +535,6 @@ def _covered(ref: Evaluator, costs: OptionCosts, budget: int, chained: bool) -> 
                              peak_bytes=int(m[p]), peak_pos=p, removed_bytes=int(m[p] - tl.memory(p, p + 1)[0]),
                              added_s=max(eff.cost_s, 0.0), recompute_s=max(eff.cost_s, 0.0), swap_s=None,
                              reason=REASON_EXCHANGE)
-    done = _descend_local(ref, costs, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)
-    if done is None:
-        return None
-    tl, records = done
-    _undo(ref, tl, records, budget)
     return tl, records
 
 

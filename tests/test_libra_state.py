@@ -784,3 +784,37 @@ def test_the_replays_short_loop_builds_the_general_loops_chains(monkeypatch):
                               (vgg_segmentation_graph(), 0.5)):
             get_solver("libra", policy=policy).solve(problem, frac, raise_on_infeasible=False)
     assert taken["short"] > 0 and taken["general"] > 0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_window_ends_moved_together_give_the_timeline_moved_one_at_a_time(seed):
+    """``Timeline.move_ends`` (the exchange moves give every moved end back at once, replaying the
+    chains they may change once) leaves every field of the state as ``move_end`` window by window
+    does, and no installed chain stale: the descents' plans of ``large_beside_small`` graphs and
+    those plans prepared, whose recomputed windows end at chains that regenerate their storages."""
+    from libra_opt.frontend import generators as G
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraOptions
+
+    p = G.large_beside_small_graph(40, seed=seed)
+    ref = Refiner(p, LibraOptions(policy="recompute"))
+    peak = no_remat_peak(p)
+    found = 0
+    for budget, snap in ref.descend([int(f * peak) for f in (0.8, 0.7, 0.6, 0.5)]).items():
+        if snap is None:
+            continue
+        for tl in (snap.timeline, ref.prepare(snap, budget).timeline):
+            ends = [(j, int(ref.orig_b[j])) for j in np.flatnonzero(tl.state.pol == REC).tolist()
+                    if int(tl.state.w_b[j]) != int(ref.orig_b[j])]
+            if len(ends) < 2:
+                continue
+            found += 1
+            one, together = tl.copy(), tl.copy()
+            for j, b in ends:
+                one.move_end(j, b, one.tensors_read_at(int(one.windows.w_s[j]), b))
+            together.move_ends(ends)
+            assert snapshot(together.state) == snapshot(one.state)
+            assert snapshot(together.state) != snapshot(tl.state)
+            assert not _stale_chains(together)
+    assert found

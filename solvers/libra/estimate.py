@@ -588,6 +588,29 @@ class Timeline:
             self.replay(pts)
         self.state.version += 1
 
+    def move_ends(self, ends) -> None:
+        """Move the ends of several recomputed windows, ``(j, q)`` each, to
+        their positions ``q`` (each where node ``q`` reads the storage's
+        tensors: :meth:`tensors_read_at`), then replay the chains of every
+        point one of them may change once (:meth:`move_end` one after
+        another replays some of them once per window; a chain is a function
+        of the decisions at its point, and a point a later move changes is
+        among those replayed: the same timeline).  ``h100_resnet50_b128``,
+        the VGG segmentation graph: the exchange moves give every moved
+        end back this way (``exchange._reset_ends``).
+
+        Raises
+        ------
+        ValueError
+            A window is not recomputed."""
+        pts: set[int] = set()
+        for j, q in ends:
+            s = int(self.windows.w_s[j])
+            pts |= reshape.move_end(self.tables, self.windows, self.state, j, q, self.tensors_read_at(s, q))
+        if ends:
+            self.replay(pts)
+            self.state.version += len(ends)   # (one change per window, as move_end counts them)
+
     def storage_end(self, s: int) -> int:
         """Last position storage ``s`` is resident without evictions
         (:func:`~libra_opt.solvers.libra.reshape.storage_end`)."""

@@ -349,17 +349,19 @@ def _replayed(ref: Evaluator, trace: _Trace, max_evals: int) -> tuple[Timeline, 
 
 def _reset_ends(ref: Evaluator, tl: Timeline, records: dict) -> bool:
     """Every recomputed window in ``records`` whose end was moved to a chain
-    gets its own end back (a use of its storage).  Whether any did."""
-    moved = False
+    gets its own end back (a use of its storage), all at once
+    (``Timeline.move_ends``: the chains they change replayed once, not once
+    per window).  Whether any did."""
+    ends = []
     for j in list(records):
         if tl.state.pol[j] != REC:
             continue
-        s, b = int(tl.windows.w_s[j]), int(ref.orig_b[j])
+        b = int(ref.orig_b[j])
         if int(tl.state.w_b[j]) != b:
-            tl.move_end(j, b, tl.tensors_read_at(s, b))
+            ends.append((j, b))
             records[j] = records[j].ending_before(b)
-            moved = True
-    return moved
+    tl.move_ends(ends)   # (their chains replayed once)
+    return bool(ends)
 
 
 def _cover_windows(ref: Evaluator, budget: int, chained: bool = True) -> list[int] | None:

@@ -309,7 +309,7 @@ def test_a_finisher_alone_brings_every_position_within_the_budget(monkeypatch):
 
 
 @pytest.mark.parametrize("cap", [True, False])
-def test_a_swap_only_plans_exchanges_evaluate_at_most_one_candidate_per_node(monkeypatch, cap):
+def test_a_swap_only_plans_exchanges_evaluate_at_most_their_share_per_node(monkeypatch, cap):
     """Exchange moves on a swap-only descent's plan make at most ``max(MIN_EVALS, SWAP_EVALS_PER_NODE *
     nodes)`` candidate evaluations (a local descent checks the count at each step, which evaluates at most
     ``EVALS_PER_STEP`` candidates), whatever the descent's own count allows; without that cap the same

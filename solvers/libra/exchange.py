@@ -89,8 +89,11 @@ EVAL_RATIO = 2
 MIN_EVALS = 48
 #: ... and, for a swap-only descent's plan, at most this many per node (at least :data:`MIN_EVALS`): such a
 #: descent's evaluations grow with its moves of swapped windows' swap-ins and waits, not with the decisions an
-#: exchange gives back (``h100_gpt2-medium_b8`` at 0.3 of its peak: 4,129 of its 4,616 steps)
-SWAP_EVALS_PER_NODE = 1
+#: exchange gives back (``h100_gpt2-medium_b8`` at 0.3 of its peak: 4,129 of its 4,616 steps).  Swap-only
+#: exchanges rarely keep one: over ``solve_rate.py``'s 390 libra rows, 2 of their 18 calls at one evaluation
+#: per node and 1 at half, and the solves return the same plans at both (over 2,400 fuzz and pattern solves,
+#: 1 of 8 calls at either)
+SWAP_EVALS_PER_NODE = 0.5
 #: the covering program (``_cover_plan``) runs on problems of at most this many nodes
 COVER_MAX_NODES = 128
 #: relative gap at which the covering program stops (its model is approximate anyway)
@@ -552,7 +555,8 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
     cost a bounded multiple of the descent; on a swap-only descent's plan
     (``ref.allow_rec`` false) at most ``max(MIN_EVALS, SWAP_EVALS_PER_NODE *
     nodes)`` of those (``h100_resnet50_b128`` swap-only at 0.3 of its peak:
-    2,076 -> 636 evaluations, none of which kept an exchange).
+    2,076 evaluations without that cap, none of which kept an exchange; at
+    most 315 with it).
 
     Returns
     -------

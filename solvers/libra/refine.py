@@ -925,11 +925,13 @@ class Refiner:
         (``h100_gpt2-medium_b8`` swap-only at 0.3 of its peak: 2,684 of its
         4,616 steps, one window's wait moved 192 times).  The storage is off
         the device from the wait on: the positions passed lose its bytes.
-        Only descents that wait for copies out (``swap_waits``), in their own
-        steps (in exchange moves and repairs, over 12 fuzz seeds of every
-        policy, the same plans and no faster).  A step's slide is part of
-        it: a descent's steps stay independent of the budgets it is asked
-        for (checkpoints, sweeps)."""
+        Only descents that wait for copies out (``swap_waits``), and only in
+        their own steps: slides in exchange moves and repairs too gave the
+        same plans over 12 fuzz seeds of every policy, and no speed.  A
+        step's slide is part of the step: a descent's steps stay independent
+        of the budgets it is asked for (checkpoints, sweeps).  Raises
+        nothing; source: the estimate's copy-out queue
+        (:func:`~libra_opt.solvers.libra.swaps.out_waits`)."""
         tl = self.tl
         st = tl.state
         lo, fl = int(tl.windows.w_a[j]) + 1, int(st.floor[j])

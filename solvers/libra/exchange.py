@@ -64,10 +64,9 @@ import numpy as np
 
 from libra_opt.passes.lowering import Policy
 
-from .chains import ChainMemo
 from .estimate import KEEP, REC, Timeline
 from .explain import REASON_EXCHANGE, explain
-from .records import Evaluator, Move, OptionCosts, fresh_timeline
+from .records import Evaluator, Move, OptionCosts, fresh_timeline, own_copy
 from .tidy import fix_shrunk, keep_regenerated, undo_pass
 
 #: decisions (most expensive first) tried for an exchange per round
@@ -517,9 +516,7 @@ def _cover_start(ref: Evaluator, budget: int, chained: bool) -> tuple[Timeline, 
     if key not in starts:
         starts[key] = _applied(ref, per[key])
     tl, records = starts[key]
-    tl = tl.copy()
-    tl.state.memo = ChainMemo()   # a cache of this descent's own, as fresh_timeline gives
-    return tl, dict(records)
+    return own_copy(tl), dict(records)
 
 
 def _applied(ref: Evaluator, windows: list[int]) -> tuple[Timeline, dict]:

@@ -303,9 +303,18 @@ def fresh_timeline(problem: RematProblem, mode: str, margin: float) -> Timeline:
         else:
             wins = sorted(all_windows(problem))
         per[key] = Timeline(problem, wins, margin)
-    tl = per[key].copy()
-    tl.state.memo = ChainMemo()   # a cache of this descent's own (not of every solve of the problem)
+    return own_copy(per[key])
+
+
+def own_copy(tl: Timeline) -> Timeline:
+    """A copy of the timeline ``tl`` (``Timeline.copy``) with a chain memo of
+    its own (:class:`~libra_opt.solvers.libra.chains.ChainMemo`, empty): a
+    cache of the descent that starts from it, not of every solve of the
+    problem that kept ``tl`` (:func:`fresh_timeline`, the exchange's
+    covering-program starts).  Raises nothing."""
+    tl = tl.copy()
+    tl.state.memo = ChainMemo()
     return tl
 
 
-__all__ = ["Shrink", "Merge", "RetainInputs", "Move", "OptionCosts", "Snapshot", "Prepared", "FinishedPlan", "fresh_timeline", "Evaluator", "HasProblem"]
+__all__ = ["Shrink", "Merge", "RetainInputs", "Move", "OptionCosts", "Snapshot", "Prepared", "FinishedPlan", "fresh_timeline", "own_copy", "Evaluator", "HasProblem"]

@@ -320,6 +320,27 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     return got
 
 
+def _proven_over(problem: RematProblem, decisions: dict[int, Policy], windows, *, prefetch="auto",
+                 limit: int) -> bool:
+    """Whether the plan :func:`_evaluate` makes of ``decisions`` over
+    ``windows`` surely peaks over ``limit`` (bytes), shown without lowering
+    it: from its build where it was built (its simulated peak, or a stop
+    over a limit at least ``limit``), else from its
+    :class:`~libra_opt.passes.peak_bound.PeakProver` (:func:`_prover`, kept
+    per plan).  ``False`` means not shown (it may be over or not).  Nothing
+    is kept as a build: a later :func:`_evaluate` at a higher limit, or
+    none, lowers the plan as before."""
+    evictions = tuple(evictions_for(problem, decisions, windows))
+    key = (evictions, prefetch)
+    got = problem.tables.memo("baselines.lowered", dict).get(key)
+    if isinstance(got, _Over):
+        if limit <= got.limit:
+            return True
+    elif got is not None:
+        return got[1].peak_bytes > limit
+    return _prover(problem, key, decisions, windows).over(limit)
+
+
 def _prover(problem: RematProblem, key: tuple, decisions: dict[int, Policy], windows) -> PeakProver:
     """The plan's :class:`~libra_opt.passes.peak_bound.PeakProver`, one per
     plan of the problem (``key``: :func:`_evaluate`'s), so that the chains it
@@ -434,7 +455,8 @@ def _checkpoint_candidate(problem: RematProblem, checkpoints, windows, message: 
     def build(limit: int | None) -> BaselinePlan | None:
         got = _evaluate(problem, dec, segwin, limit=limit)
         return None if got is None else BaselinePlan(*got, message, extras)
-    return BaselineCandidate(build, recompute_bound_s(problem, dec))
+    return BaselineCandidate(build, recompute_bound_s(problem, dec),
+                             lambda limit: _proven_over(problem, dec, segwin, limit=limit))
 
 
 def _candidates(problem: RematProblem, which: str) -> list[int]:
@@ -583,6 +605,10 @@ class BaselineCandidate:
         Lowers and simulates the plan; given a limit (bytes), may stop and
         return ``None`` once the plan's peak is over it (:func:`_evaluate`).
     added_s_bound : float
+    prove : callable (int) -> bool, optional
+        Whether the plan's simulated peak is surely over a limit (bytes),
+        shown without lowering it (:func:`_proven_over`); ``None``: never
+        shown.
 
     Methods
     -------
@@ -596,16 +622,21 @@ class BaselineCandidate:
     cannot_beat(added_s, total_compute_s) -> bool
         The plan's added time is certainly above ``added_s``: it can neither
         be cheaper nor tie, so it need not be built.
+    surely_over(limit) -> bool
+        The plan's simulated peak is certainly over ``limit`` bytes (built,
+        found over it, or shown by ``prove``): a caller that needs a plan
+        within ``limit`` need not build it.
     """
 
-    __slots__ = ("added_s_bound", "_build", "_plan", "_over")
+    __slots__ = ("added_s_bound", "_build", "_plan", "_over", "_prove")
 
     #: relative slack on the bound (the simulator sums the times in another order than the bound)
     BOUND_SLACK = 1e-9
 
-    def __init__(self, build, added_s_bound: float = 0.0):
+    def __init__(self, build, added_s_bound: float = 0.0, prove=None):
         self.added_s_bound = float(added_s_bound)
         self._build = build
+        self._prove = prove
         self._plan: BaselinePlan | None = None
         self._over = -1   # the largest limit (bytes) the plan's peak is known to be over (-1: none)
 
@@ -615,6 +646,18 @@ class BaselineCandidate:
         :attr:`BOUND_SLACK` of ``total_compute_s + added_s`` (the problem's
         no-remat compute time, seconds, and ``added_s``)."""
         return self.added_s_bound - added_s > self.BOUND_SLACK * (total_compute_s + added_s)
+
+    def surely_over(self, limit: int) -> bool:
+        """Whether the plan's simulated peak is certainly over ``limit``
+        (bytes): its build's peak where it is built, else a stop over a limit
+        at least ``limit``, else ``prove``'s answer.  Nothing is built (a
+        later :meth:`plan_within` at a higher limit lowers the plan as
+        before)."""
+        if self._plan is not None:
+            return self._plan.simulation.peak_bytes > limit
+        if limit <= self._over:
+            return True
+        return self._prove is not None and bool(self._prove(limit))
 
     def plan(self) -> BaselinePlan:
         """The plan, built once (see the class docstring)."""
@@ -782,7 +825,8 @@ class CheckpointAllSolver(Solver):
             return None if got is None else BaselinePlan(
                 *got, f"recompute {n} of {len(windows)} saved activation storages",
                 {"recomputed_storages": n, "kept_storages": len(dec) - n})
-        yield BaselineCandidate(build, recompute_bound_s(problem, dec))
+        yield BaselineCandidate(build, recompute_bound_s(problem, dec),
+                                lambda limit: _proven_over(problem, dec, windows, limit=limit))
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.candidates(problem), budget_bytes, self.name,
@@ -928,13 +972,17 @@ class ChenGreedySolver(Solver):
         is tried (the error states the smallest peak of them all, or the
         no-remat peak).  Under the no-remat peak a plan is lowered only until
         its peak reaches it (:func:`_stop_limit`): it cannot fit, and keeping
-        every activation needs no more."""
+        every activation needs no more; a plan shown over the budget without
+        being lowered (:meth:`BaselineCandidate.surely_over`) is lowered only
+        where no plan fits (for the error's smallest peak)."""
         cands = list(self.candidates(problem))
         limit = _stop_limit(problem, budget_bytes)
         best: tuple | None = None   # (added_s, peak_bytes, threshold index, plan)
         for i in sorted(range(len(cands)), key=lambda i: cands[i].added_s_bound):
             if best is not None and cands[i].cannot_beat(best[0], problem.total_compute_s):
                 break
+            if cands[i].surely_over(budget_bytes):   # cannot fit: built below only where none fits
+                continue
             p = cands[i].plan_within(limit)
             if p is None:   # over the no-remat peak: cannot fit (_stop_limit)
                 continue
@@ -1005,7 +1053,8 @@ class SwapAllSolver(Solver):
                 got = _evaluate(problem, dec, windows, prefetch=pf, limit=limit)
                 return None if got is None else BaselinePlan(*got, f"swap {len(dec)} storages, prefetch={pf!r}",
                                                              {"swapped_storages": len(dec), "prefetch": pf})
-            yield BaselineCandidate(build, bound)
+            yield BaselineCandidate(build, bound,
+                                    lambda limit, pf=pf: _proven_over(problem, dec, windows, prefetch=pf, limit=limit))
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.candidates(problem), budget_bytes, self.name,

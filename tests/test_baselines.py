@@ -558,3 +558,53 @@ def test_a_candidate_over_a_limit_is_not_built_again_for_a_limit_at_most_that_on
     got = c.plan_within(peak)
     assert got is not None and got.simulation.peak_bytes == peak and calls == [peak - 1, peak]
     assert c.plan_within(0) is got and c.plan() is got and len(calls) == 2
+
+
+def test_a_candidate_shown_over_a_limit_is_not_built_and_builds_later():
+    """``BaselineCandidate.surely_over``: a plan its prover shows over a limit is left unbuilt (no
+    lowering kept for the problem), a later ``plan_within`` still builds it in whole, and once built
+    it answers from the simulated peak itself."""
+    from libra_opt import generators as G
+
+    p = G.random_layered_graph(60, seed=2)
+    peak = next(CheckpointAllSolver().candidates(p.replace())).plan().simulation.peak_bytes
+    c = next(CheckpointAllSolver().candidates(p))
+    assert c.surely_over(peak // 2) and c._plan is None
+    assert not p.tables.memo("baselines.lowered", dict)   # nothing lowered to show it
+    assert not c.surely_over(peak)   # (not shown: the prover proves only what it finds)
+    got = c.plan_within(None)
+    assert got.simulation.peak_bytes == peak
+    assert c.surely_over(peak - 1) and not c.surely_over(peak) and c.plan_within(0) is got
+
+
+def test_plans_shown_over_the_budget_are_skipped_with_the_same_answers(monkeypatch):
+    """``libra``'s baseline pool and ``chen-greedy`` skip the plans shown over the budget without lowering
+    them (``BaselineCandidate.surely_over``): the pool's cheapest plan within each budget, ``chen-greedy``'s
+    plans and its infeasibility errors (their smallest peak) are the same as where nothing is shown, and
+    at the tight budgets some plans are left unbuilt."""
+    from libra_opt import generators as G
+    from libra_opt.simulator import no_remat_peak
+    from libra_opt.solvers.baselines import BaselineCandidate
+    from libra_opt.solvers.libra.solver import PORTFOLIO_BASELINES, _BaselinePool
+
+    def answers(p):
+        out, unbuilt = [], 0
+        for frac in (0.9, 0.6, 0.45, 0.3):
+            budget = int(frac * no_remat_peak(p))
+            q = p.replace()
+            pool = _BaselinePool(q)
+            hit = pool.best(PORTFOLIO_BASELINES, budget)
+            unbuilt += sum(c._plan is None and c._over < 0   # never lowered: skipped as shown over the budget
+                           for n in PORTFOLIO_BASELINES for c in pool.candidates(n))
+            r = solve(p.replace(), budget, "chen-greedy", raise_on_infeasible=False)
+            out.append((hit and (hit[0], hit[1].schedule.instructions), r.status, r.message, r.min_feasible_bytes,
+                        r.schedule.instructions if r.schedule else None))
+        return out, unbuilt
+
+    problems = [G.random_layered_graph(60, seed=2), G.large_beside_small_graph(40, seed=1), G.unet_graph()]
+    shown = [answers(p) for p in problems]
+    assert sum(u for _, u in shown) > 0, "no plan was left unbuilt"
+    monkeypatch.setattr(BaselineCandidate, "surely_over", lambda self, limit: False)
+    assert [a for a, _ in shown] == [answers(p)[0] for p in problems]
+    assert any(s == "infeasible" for a, _ in shown for _, s, *_ in a)
+    assert any(s != "infeasible" for a, _ in shown for _, s, *_ in a)

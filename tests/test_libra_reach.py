@@ -459,7 +459,8 @@ def test_the_portfolio_lowers_a_baseline_plan_only_as_far_as_it_can_matter_and_a
     if policy == "recompute":   # (hybrid plans every budget over the floor on these graphs)
         assert any(under_peak), "no baseline plan was stopped at the descents' least peak"
     plans = S._BaselinePool.plans
-    monkeypatch.setattr(S._BaselinePool, "plans", lambda self, name, below=None, limit=None: plans(self, name, below))
+    monkeypatch.setattr(S._BaselinePool, "plans",
+                        lambda self, name, below=None, limit=None, fits=None: plans(self, name, below))
     whole = [answer(p, b) for p in problems for b in budgets]
     assert stopped == whole
     assert {s for s, *_ in whole} >= {"infeasible"} and len({s for s, *_ in whole}) > 1

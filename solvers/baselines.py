@@ -320,8 +320,7 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     return got
 
 
-def _proven_over(problem: RematProblem, decisions: dict[int, Policy], windows, *, prefetch="auto",
-                 limit: int) -> bool:
+def _proven_over(problem: RematProblem, decisions: dict[int, Policy], windows, *, limit: int) -> bool:
     """Whether the plan :func:`_evaluate` makes of ``decisions`` over
     ``windows`` surely peaks over ``limit`` (bytes), shown without lowering
     it: from its build where it was built (its simulated peak, or a stop
@@ -329,9 +328,10 @@ def _proven_over(problem: RematProblem, decisions: dict[int, Policy], windows, *
     :class:`~libra_opt.passes.peak_bound.PeakProver` (:func:`_prover`, kept
     per plan).  ``False`` means not shown (it may be over or not).  Nothing
     is kept as a build: a later :func:`_evaluate` at a higher limit, or
-    none, lowers the plan as before."""
+    none, lowers the plan as before.  For recompute plans (the prover's:
+    their :func:`_evaluate` key has the default ``prefetch``)."""
     evictions = tuple(evictions_for(problem, decisions, windows))
-    key = (evictions, prefetch)
+    key = (evictions, "auto")
     got = problem.tables.memo("baselines.lowered", dict).get(key)
     if isinstance(got, _Over):
         if limit <= got.limit:
@@ -1053,8 +1053,7 @@ class SwapAllSolver(Solver):
                 got = _evaluate(problem, dec, windows, prefetch=pf, limit=limit)
                 return None if got is None else BaselinePlan(*got, f"swap {len(dec)} storages, prefetch={pf!r}",
                                                              {"swapped_storages": len(dec), "prefetch": pf})
-            yield BaselineCandidate(build, bound,
-                                    lambda limit, pf=pf: _proven_over(problem, dec, windows, prefetch=pf, limit=limit))
+            yield BaselineCandidate(build, bound)   # (no prover: PeakProver proves recompute plans only)
 
     def _solve(self, problem: RematProblem, budget_bytes: int) -> RawSolution:
         return _first_fitting(problem, self.candidates(problem), budget_bytes, self.name,

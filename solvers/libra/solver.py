@@ -475,10 +475,6 @@ class _BaselinePool:
             try:
                 if fits is not None and c.surely_over(fits):
                     continue   # cannot fit: left unbuilt for a caller that needs its peak (min_peak)
-            except Exception as e:   # as below
-                self._failed(name, e)
-                return []
-            try:
                 p = c.plan_within(limit)
             except Exception as e:   # as in candidates()
                 self._failed(name, e)

@@ -899,8 +899,8 @@ class Refiner:
         window keep its switch costs."""
         j = mv.j
         tl = self.tl
-        moved_wait = (tl.state.pol[j] == SWAP and mv.policy == SWAP and mv.eff.wait == p
-                      and int(tl.state.wait[j]) != p and mv.eff.cost_s <= 0)
+        moved_wait = (self.opts.policy == "swap" and tl.state.pol[j] == SWAP and mv.policy == SWAP
+                      and mv.eff.wait == p and int(tl.state.wait[j]) != p and mv.eff.cost_s <= 0)
         self._apply(mv, p, peak, tl, self.records, self.step, None)
         if moved_wait:
             self._slide_wait(j, p)
@@ -925,9 +925,15 @@ class Refiner:
         (``h100_gpt2-medium_b8`` swap-only at 0.3 of its peak: 2,684 of its
         4,616 steps, one window's wait moved 192 times).  The storage is off
         the device from the wait on: the positions passed lose its bytes.
-        Only descents that wait for copies out (``swap_waits``), and only in
-        their own steps: slides in exchange moves and repairs too gave the
-        same plans over 12 fuzz seeds of every policy, and no speed.  A
+        Only swap-only descents that wait for copies out (``swap_waits``),
+        and only in their own steps: slides in exchange moves and repairs too
+        gave the same plans over 12 fuzz seeds of every policy, and no speed;
+        in the hybrid descent that waits (a fallback of hybrid mode) a slid
+        wait changed its later choices between recomputing and swapping, and
+        ``random_layered_n100`` with copies 4x slower than compute at 0.5 of
+        its peak cost 225,539 instead of 189,729 (without them in that
+        descent: the 390 libra rows of ``solve_rate.py`` and 2,400 fuzz and
+        pattern solves keep their plans).  A
         step's slide is part of the step: a descent's steps stay independent
         of the budgets it is asked for (checkpoints, sweeps).  Raises
         nothing; source: the estimate's copy-out queue

@@ -33,6 +33,20 @@ Usage::
     python benchmarks/hybrid_optimality.py --generate 30,60,100 --time-limit 60
     python benchmarks/hybrid_optimality.py --patterns 30,100 --max-nodes 0
     python benchmarks/hybrid_optimality.py --summary                    # the target over the results CSV
+    python benchmarks/hybrid_optimality.py GRAPHS --generate 100 --patterns 100 --budgets 0.9,0.8,0.7,0.5,0.3 \
+        --libra-only --compare benchmarks/results/libra_copy_grid.csv     # libra's plans only, about 10 s
+
+``--libra-only``: no MILP; libra's hybrid and swap-only plans at every cell
+(simulated step time, the descent that gave it, or the stated minimum where
+infeasible), written to ``results/libra_copy_grid.csv`` (``--out``), and
+with ``--compare CSV`` the cells whose plan changed against an earlier such
+file (cheaper / costlier, by how much).  A check for changes of the
+descents: ``solve_rate.py``'s rows use the profiled bandwidths and the fuzz
+problems the default device, so neither has cells where copies bound the
+step (copying the peak 4x slower than a step), where a change of the waiting
+descents shows (stop 53: the hybrid descent that waits, sliding its waits,
+made ``random_layered_n100`` copy ratio 4 at 0.5 cost 225,539 instead of
+189,729).
 
 Writes ``benchmarks/results/hybrid_optimality.csv`` (``--out``), one row per
 solve as it finishes, and prints progress.
@@ -79,6 +93,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="solve nothing: count the rows of these CSVs (default: --out) that meet issue 16's "
                         "target (proven optimal, or a gap at most --target-gap) and list the others")
     p.add_argument("--target-gap", type=float, default=TARGET_GAP, help="relative gap of the target (default 0.05)")
+    p.add_argument("--libra-only", action="store_true",
+                   help="no MILP: libra's hybrid and swap-only plans at every cell (results/libra_copy_grid.csv)")
+    p.add_argument("--compare", default=None, metavar="CSV",
+                   help="with --libra-only: list the cells whose plan changed against this earlier CSV")
     return p.parse_args(argv)
 
 
@@ -153,11 +171,89 @@ def instances(args) -> list:
     return out
 
 
+GRID_FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budget_bytes", "policy", "time_s",
+               "descent", "min_feasible_bytes"]
+
+
+def _copy_bound(base, bw: float):
+    """``base`` with both copy bandwidths set so that copying its no-remat
+    peak takes ``bw`` no-remat steps, copies overlapping compute."""
+    from libra_opt.passes.simulator import no_remat_peak
+    rate = no_remat_peak(base) / (bw * base.total_compute_s)
+    return base.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=True)
+
+
+def libra_grid(args) -> int:
+    """``--libra-only``: libra's hybrid and swap-only plans at every cell,
+    one CSV row each (:data:`GRID_FIELDS`; ``time_s`` empty where the budget
+    is infeasible, ``min_feasible_bytes`` then the stated minimum); with
+    ``--compare``, the cells whose plan changed against an earlier file."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import solve
+
+    out = Path(args.out if args.out != str(RESULTS / "hybrid_optimality.csv") else RESULTS / "libra_copy_grid.csv")
+    budgets = [float(b) for b in args.budgets.split(",")]
+    rows = []
+    t0 = time.perf_counter()
+    for name, base in instances(args):
+        peak = no_remat_peak(base)
+        for bw in [float(b) for b in args.bandwidths.split(",")]:
+            p = _copy_bound(base, bw)
+            for frac in budgets:
+                for policy in ("hybrid", "swap"):
+                    r = solve(p.replace(), int(frac * peak), "libra", policy=policy, raise_on_infeasible=False)
+                    rows.append(dict(instance=name, nodes=p.num_nodes, bandwidth_x_step=bw, budget_fraction=frac,
+                                     budget_bytes=int(frac * peak), policy=policy,
+                                     time_s=r.time_s if r.success else "", descent=r.extras.get("descent", ""),
+                                     min_feasible_bytes=r.min_feasible_bytes or ""))
+        print(f"[{time.perf_counter() - t0:6.1f}s] {name}", flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=GRID_FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {out}: {len(rows)} cells")
+    if args.compare:
+        print_changes(args.compare, rows)
+    return 0
+
+
+def print_changes(path: str, rows: list[dict]) -> None:
+    """The cells of ``rows`` whose plan (step time, or stated minimum where
+    infeasible) differs from the same cell of the CSV at ``path``."""
+    def key(r):
+        return (r["instance"], float(r["bandwidth_x_step"]), float(r["budget_fraction"]), r["policy"])
+
+    def value(r):
+        return ("time", float(r["time_s"])) if r["time_s"] not in ("", None) else ("min", float(r["min_feasible_bytes"] or 0))
+
+    with open(path, newline="") as f:
+        old = {key(r): r for r in csv.DictReader(f)}
+    cheaper = costlier = 0
+    for r in rows:
+        o = old.get(key(r))
+        if o is None:
+            continue
+        (ka, a), (kb, b) = value(o), value(r)
+        if ka == kb and abs(a - b) <= 1e-9 * max(abs(a), 1e-30):
+            continue
+        better = (kb == "time" and ka == "min") or (ka == kb and b < a)
+        cheaper += better
+        costlier += not better
+        change = f"{b / a - 1:+.2%}" if ka == kb and a else f"{ka} -> {kb}"
+        print(f"  {'cheaper ' if better else 'COSTLIER'} {r['instance']} copy {r['bandwidth_x_step']} "
+              f"budget {r['budget_fraction']} {r['policy']}: {a:.6g} -> {b:.6g} ({change})")
+    print(f"against {path}: {cheaper} cheaper, {costlier} costlier, {len(rows) - cheaper - costlier} the same")
+
+
 def main(argv=None) -> int:
     """Run every instance, budget and bandwidth; write the CSV; print a summary."""
     args = parse_args(argv)
     if args.summary is not None:
         return print_summary(args.summary or [args.out], args.target_gap)
+    if args.libra_only:
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+        return libra_grid(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from libra_opt.errors import InfeasibleBudgetError
     from libra_opt.passes.simulator import no_remat_peak
@@ -175,10 +271,8 @@ def main(argv=None) -> int:
         w.writeheader()
         for name, base in insts:
             peak = no_remat_peak(base)
-            step = base.total_compute_s
             for bw in bandwidths:
-                rate = peak / (bw * step)
-                p = base.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=True)
+                p = _copy_bound(base, bw)
                 for frac in budgets:
                     done += 1
                     budget = int(frac * peak)

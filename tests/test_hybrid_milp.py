@@ -294,6 +294,42 @@ def test_benchmark_script_writes_one_row_per_solve(tmp_path):
     assert names == ["random_layered_gen_n10", "random_layered_gen_n10_s2"]
 
 
+def test_benchmark_libra_only_grid_and_its_comparison(tmp_path, capsys):
+    """``hybrid_optimality.py --libra-only``: one CSV row per (bandwidth, budget, policy) with libra's
+    simulated time (or its stated minimum where infeasible), equal to a solve of that cell; ``--compare``
+    against the same file finds every cell the same, and against one with a cell made dearer lists that
+    cell as cheaper now."""
+    import csv
+
+    from libra_opt.frontend.generators import random_layered_graph
+
+    mod = load_benchmark("hybrid_optimality")
+    out, old = tmp_path / "grid.csv", tmp_path / "old.csv"
+    argv = ["--generate", "20", "--only", "gen", "--budgets", "0.9,0.6", "--bandwidths", "1,4", "--libra-only"]
+    assert mod.main(argv + ["--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 8 and {r["policy"] for r in rows} == {"hybrid", "swap"}
+    for r in rows:
+        p = mod._copy_bound(random_layered_graph(20, seed=0), float(r["bandwidth_x_step"]))
+        got = solve(p, int(r["budget_bytes"]), "libra", policy=r["policy"], raise_on_infeasible=False)
+        if r["time_s"]:
+            assert float(r["time_s"]) == pytest.approx(got.time_s, rel=1e-12)
+        else:
+            assert int(r["min_feasible_bytes"]) == got.min_feasible_bytes
+    capsys.readouterr()
+    assert mod.main(argv + ["--out", str(tmp_path / "again.csv"), "--compare", str(out)]) == 0
+    assert "0 cheaper, 0 costlier, 8 the same" in capsys.readouterr().out
+    planned = next(i for i, r in enumerate(rows) if r["time_s"])
+    rows[planned]["time_s"] = str(2 * float(rows[planned]["time_s"]))
+    with old.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    assert mod.main(argv + ["--out", str(tmp_path / "third.csv"), "--compare", str(old)]) == 0
+    text = capsys.readouterr().out
+    assert "1 cheaper, 0 costlier, 7 the same" in text and "(-50.00%)" in text
+
+
 def test_benchmark_summary_counts_the_target():
     """The summary of ``hybrid_optimality.py``: a proven row or one within the target gap is met, a
     larger gap or no plan is missed, an infeasible budget is neither."""

@@ -97,7 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="no MILP: libra's hybrid and swap-only plans at every cell (results/libra_copy_grid.csv)")
     p.add_argument("--compare", default=None, metavar="CSV",
                    help="with --libra-only: list the cells whose plan changed against this earlier CSV")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.compare and not args.libra_only:
+        p.error("--compare compares libra's plans: it needs --libra-only")
+    return args
 
 
 def _lns_cell(lns: dict | None) -> str:
@@ -251,10 +254,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.summary is not None:
         return print_summary(args.summary or [args.out], args.target_gap)
-    if args.libra_only:
-        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-        return libra_grid(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.libra_only:
+        return libra_grid(args)
     from libra_opt.errors import InfeasibleBudgetError
     from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import solve

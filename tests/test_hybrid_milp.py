@@ -328,6 +328,9 @@ def test_benchmark_libra_only_grid_and_its_comparison(tmp_path, capsys):
     assert mod.main(argv + ["--out", str(tmp_path / "third.csv"), "--compare", str(old)]) == 0
     text = capsys.readouterr().out
     assert "1 cheaper, 0 costlier, 7 the same" in text and "(-50.00%)" in text
+    with pytest.raises(SystemExit):   # --compare without --libra-only: an error, not ignored
+        mod.parse_args(["--compare", str(old)])
+    assert "needs --libra-only" in capsys.readouterr().err
 
 
 def test_benchmark_summary_counts_the_target():

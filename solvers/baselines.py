@@ -649,15 +649,19 @@ class BaselineCandidate:
 
     def surely_over(self, limit: int) -> bool:
         """Whether the plan's simulated peak is certainly over ``limit``
-        (bytes): its build's peak where it is built, else a stop over a limit
-        at least ``limit``, else ``prove``'s answer.  Nothing is built (a
-        later :meth:`plan_within` at a higher limit lowers the plan as
-        before)."""
+        (bytes): its build's peak where it is built, else a stop or a proof
+        over a limit at least ``limit``, else ``prove``'s answer (kept as
+        such a proof, so a later call at most ``limit`` asks nothing).
+        Nothing is built (a later :meth:`plan_within` at a higher limit
+        lowers the plan as before)."""
         if self._plan is not None:
             return self._plan.simulation.peak_bytes > limit
         if limit <= self._over:
             return True
-        return self._prove is not None and bool(self._prove(limit))
+        if self._prove is not None and self._prove(limit):
+            self._over = limit
+            return True
+        return False
 
     def plan(self) -> BaselinePlan:
         """The plan, built once (see the class docstring)."""

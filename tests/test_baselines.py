@@ -571,6 +571,10 @@ def test_a_candidate_shown_over_a_limit_is_not_built_and_builds_later():
     c = next(CheckpointAllSolver().candidates(p))
     assert c.surely_over(peak // 2) and c._plan is None
     assert not p.tables.memo("baselines.lowered", dict)   # nothing lowered to show it
+    asked = []
+    c._prove = lambda limit: asked.append(limit)   # the proof is kept: a lower limit asks nothing again
+    assert c.surely_over(peak // 4) and c.surely_over(peak // 2) and asked == []
+    c._prove = next(CheckpointAllSolver().candidates(p))._prove
     assert not c.surely_over(peak)   # (not shown: the prover proves only what it finds)
     got = c.plan_within(None)
     assert got.simulation.peak_bytes == peak
@@ -594,7 +598,7 @@ def test_plans_shown_over_the_budget_are_skipped_with_the_same_answers(monkeypat
             q = p.replace()
             pool = _BaselinePool(q)
             hit = pool.best(PORTFOLIO_BASELINES, budget)
-            unbuilt += sum(c._plan is None and c._over < 0   # never lowered: skipped as shown over the budget
+            unbuilt += sum(c._plan is None and c._over == budget   # proven over the budget itself: never lowered
                            for n in PORTFOLIO_BASELINES for c in pool.candidates(n))
             r = solve(p.replace(), budget, "chen-greedy", raise_on_infeasible=False)
             out.append((hit and (hit[0], hit[1].schedule.instructions), r.status, r.message, r.min_feasible_bytes,

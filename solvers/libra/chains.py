@@ -298,18 +298,29 @@ def _holds(pt, wt, st, q: int, e: _Entry, early: tuple, ts: Callable) -> bool:
     gets the same answer now, for the chain before position ``q``.
     ``early``: ``early_targets(st, q)`` as a tuple, and ``ts``:
     ``state_reader(pt, wt, st)`` (asked once by the caller for all of a
-    position's entries)."""
+    position's entries).
+
+    The queries are asked shortest list first, the tensors' states last:
+    the answer is the same in any order, and where tensors come back by a
+    swap-in most entries fail on :func:`has_swap` (an entry replayed under a
+    hypothesis that swapped another storage; an EfficientNet profiled on
+    CPU, transformers' default ``EfficientNetConfig`` at batch 2 and 64
+    pixels, 2,287 nodes, hybrid at 0.5 of its peak: 28,029 of 33,825
+    checks, each after all of the about 150 tensor states; the solve took
+    2.57 CPU s, now 1.63, the same answer)."""
     last_of, last, storages, offs, bases, swapped, e_early, chain = e
-    if early != e_early or last_of(st.t_last_eff) != last:
+    if early != e_early:
         return False
-    for t, v in chain.asked.items():
-        if ts(t, q) != v:
+    for t, v in zip(bases, swapped):
+        if has_swap(st, t) != v:
             return False
     for s, v in zip(storages, offs):
         if storage_off(wt, st, s, q) != v:
             return False
-    for t, v in zip(bases, swapped):
-        if has_swap(st, t) != v:
+    if last_of(st.t_last_eff) != last:
+        return False
+    for t, v in chain.asked.items():
+        if ts(t, q) != v:
             return False
     return True
 

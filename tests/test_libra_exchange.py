@@ -379,3 +379,58 @@ def test_the_covering_programs_start_is_built_once_and_handed_out_as_copies():
     assert state(second) != state(first)
     assert state(X._cover_start(a, budget, True)) == state(second)
     assert not np.array_equal(first[0].state.pol, second[0].state.pol)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_descents_that_share_a_prepared_plan_exchange_from_it_once(monkeypatch, seed):
+    """Descents that stop in one state (``LibraSolver._state_key``: they differ in ``retain_inputs``)
+    share a prepared plan, and exchange moves run from it once; keyed apart (each prepares and exchanges
+    its own), the solve makes more exchange calls and returns the same plan."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import finish as F
+    from libra_opt.solvers.libra.solver import LibraSolver
+
+    calls, moves = [], F.exchange_moves
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return moves(*args, **kwargs)
+
+    monkeypatch.setattr(F, "exchange_moves", counted)
+    p = G.large_beside_small_graph(40, seed=seed)
+    budget = int(0.7 * no_remat_peak(p))
+
+    def solved():
+        calls.clear()
+        r = get_solver("libra", policy="recompute").solve(p, budget)
+        assert_fits(p, r)
+        return r.added_s, r.schedule.to_dict(), len(calls)
+
+    shared = solved()
+    key = LibraSolver.__dict__["_state_key"].__func__
+    monkeypatch.setattr(LibraSolver, "_state_key", staticmethod(lambda ref, snap: (key(ref, snap),
+                                                                                   ref.opts.retain_inputs)))
+    apart = solved()
+    assert shared[:2] == apart[:2]
+    assert 0 < shared[2] < apart[2]
+
+
+def test_a_descent_that_does_not_swap_is_keyed_without_its_swap_waits():
+    """``swap_waits`` is an option of swaps: two recompute-only descents that differ only there (``False``,
+    ``None``) get one ``_state_key`` at one snapshot (and so share a prepared plan); hybrid descents that
+    differ there do not."""
+    import dataclasses
+
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers.libra.refine import Refiner
+    from libra_opt.solvers.libra.solver import LibraOptions, LibraSolver
+
+    p = G.large_beside_small_graph(30, seed=1)
+    budget = int(0.7 * no_remat_peak(p))
+    key = LibraSolver._state_key
+    for policy, same in (("recompute", True), ("hybrid", False)):
+        a = Refiner(p, LibraOptions(policy=policy, swap_waits=False))
+        b = Refiner(p, dataclasses.replace(a.opts, swap_waits=None))
+        snap = a.descend([budget])[budget]
+        assert (key(a, snap) == key(b, snap)) is same

@@ -434,3 +434,36 @@ def test_a_descent_that_does_not_swap_is_keyed_without_its_swap_waits():
         b = Refiner(p, dataclasses.replace(a.opts, swap_waits=None))
         snap = a.descend([budget])[budget]
         assert (key(a, snap) == key(b, snap)) is same
+
+
+@pytest.mark.parametrize("large", [True, False])
+def test_exchanges_on_a_large_problem_evaluate_at_most_the_descents_count(monkeypatch, large):
+    """On a problem of more than ``LARGE_NODES`` nodes, exchange moves make at most ``max(MIN_EVALS,
+    LARGE_EVAL_RATIO * descent_evals)`` candidate evaluations (a local descent checks the count at each step,
+    which evaluates at most ``EVALS_PER_STEP`` candidates); on a smaller one, up to ``EVAL_RATIO`` times,
+    and the same exchanges then make more.  The plan fits its budget either way."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import exchange as X
+    from libra_opt.solvers.libra import finish as F
+
+    if large:
+        monkeypatch.setattr(X, "LARGE_NODES", 10)
+    used, moves = [], F.exchange_moves
+
+    def counted(ref, costs, tl, records, budget, descent_evals=0):
+        before = ref.evals
+        out = moves(ref, costs, tl, records, budget, descent_evals)
+        used.append((ref.evals - before, descent_evals))
+        return out
+
+    monkeypatch.setattr(F, "exchange_moves", counted)
+    p = G.large_beside_small_graph(60, seed=0)
+    r = get_solver("libra", policy="recompute").solve(p, int(0.5 * no_remat_peak(p)))
+    assert_fits(p, r)
+    over = [u - max(X.MIN_EVALS, X.LARGE_EVAL_RATIO * d) for u, d in used]
+    assert used
+    if large:
+        assert max(over) <= X.EVALS_PER_STEP
+    else:
+        assert max(over) > X.EVALS_PER_STEP

@@ -93,6 +93,17 @@ MIN_EVALS = 48
 #: per node and 1 at half, and the solves return the same plans at both (over 2,400 fuzz and pattern solves,
 #: 1 of 8 calls at either)
 SWAP_EVALS_PER_NODE = 0.5
+#: :data:`EVAL_RATIO` on problems of more than :data:`LARGE_NODES` nodes.  Those make up a few of the
+#: rows measured, where exchanges rarely keep one (7 of the 63 calls on problems of over 300 nodes over
+#: ``solve_rate.py``'s 390 libra rows) and each evaluation replays longer chains; at one, the same plans
+#: over those rows, over 72 solves of random layered graphs of 520-1,000 nodes (three widths, hybrid and
+#: recompute-only at 0.8 / 0.5 / 0.3) and over 45 solves of three transformers models profiled on CPU
+#: (ConvNeXt, a 6-layer GPT-2 and a 6-layer ViT, 735-979 nodes); ``h100_resnet50_b128`` hybrid at 0.3 of
+#: its peak: 0.68 -> 0.57 CPU s.  (At one on every problem, 13 of 2,400 fuzz and pattern solves of up to
+#: 150 nodes got costlier, by up to 33 %, and one of the 390 rows, ``mobilenet_b512_train`` of 185 nodes,
+#: by 0.5 %.)
+LARGE_EVAL_RATIO = 1
+LARGE_NODES = 500
 #: the covering program (``_cover_plan``) runs on problems of at most this many nodes
 COVER_MAX_NODES = 128
 #: relative gap at which the covering program stops (its model is approximate anyway)
@@ -548,6 +559,7 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
     ``costs``: the option-cost caches of the snapshot ``tl`` comes from
     (they order and skip options; read only).  At
     most ``max(MIN_EVALS, EVAL_RATIO * descent_evals)`` candidate evaluations
+    (:data:`LARGE_EVAL_RATIO` on problems of more than :data:`LARGE_NODES` nodes)
     (``descent_evals``: those the descent made to get there), so exchanges
     cost a bounded multiple of the descent; on a swap-only descent's plan
     (``ref.allow_rec`` false) at most ``max(MIN_EVALS, SWAP_EVALS_PER_NODE *
@@ -565,7 +577,8 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
         return tl, records, 0
     banned: set[int] = set()
     kept = 0
-    allowed = max(MIN_EVALS, EVAL_RATIO * int(descent_evals))
+    ratio = LARGE_EVAL_RATIO if ref.problem.num_nodes > LARGE_NODES else EVAL_RATIO
+    allowed = max(MIN_EVALS, ratio * int(descent_evals))
     if not ref.allow_rec:
         allowed = min(allowed, max(MIN_EVALS, SWAP_EVALS_PER_NODE * ref.problem.num_nodes))
     stop = ref.evals + allowed

@@ -93,9 +93,9 @@ MIN_EVALS = 48
 #: per node and 1 at half, and the solves return the same plans at both (over 2,400 fuzz and pattern solves,
 #: 1 of 8 calls at either)
 SWAP_EVALS_PER_NODE = 0.5
-#: :data:`EVAL_RATIO` on problems of more than :data:`LARGE_NODES` nodes.  Those make up a few of the
-#: rows measured, where exchanges rarely keep one (7 of the 63 calls on problems of over 300 nodes over
-#: ``solve_rate.py``'s 390 libra rows) and each evaluation replays longer chains; at one, the same plans
+#: :data:`EVAL_RATIO` on problems of more than :data:`LARGE_NODES` nodes.  Exchanges rarely keep one on
+#: large problems (7 of the 63 calls on problems of over 300 nodes over ``solve_rate.py``'s 390 libra
+#: rows), and each evaluation there replays longer chains; at one, the same plans
 #: over those rows, over 72 solves of random layered graphs of 520-1,000 nodes (three widths, hybrid and
 #: recompute-only at 0.8 / 0.5 / 0.3) and over 45 solves of three transformers models profiled on CPU
 #: (ConvNeXt, a 6-layer GPT-2 and a 6-layer ViT, 735-979 nodes); ``h100_resnet50_b128`` hybrid at 0.3 of

@@ -1596,7 +1596,7 @@ class LibraSolver(Solver):
             # retain_inputs, which scores the exchanges' own steps), the first exchanges.  Over
             # solve_rate.py's 390 rows, 2,400 fuzz and pattern solves and hybrid_optimality's 180 copy-bound
             # cells, the same plans and stated minima as when each exchanged (h100_resnet50_b128 hybrid at
-            # 0.3 of its peak: 3 exchange calls -> 2, none kept either way, 0.85 -> 0.69 CPU s)
+            # 0.3 of its peak: 3 exchange calls -> 2, none kept either way, 0.87 -> 0.69 CPU s)
             top = min(c.estimate for c in cands)
             tried: set[int] = set()
             for est, k, prep, _ in list(cands):

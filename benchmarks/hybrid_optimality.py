@@ -178,6 +178,11 @@ GRID_FIELDS = ["instance", "nodes", "bandwidth_x_step", "budget_fraction", "budg
                "descent", "min_feasible_bytes"]
 
 
+def _floats(text: str) -> list[float]:
+    """A comma-separated list of numbers (``--budgets``, ``--bandwidths``)."""
+    return [float(x) for x in text.split(",")]
+
+
 def _copy_bound(base, bw: float):
     """``base`` with both copy bandwidths set so that copying its no-remat
     peak takes ``bw`` no-remat steps, copies overlapping compute."""
@@ -195,12 +200,12 @@ def libra_grid(args) -> int:
     from libra_opt.solvers import solve
 
     out = Path(args.out if args.out != str(RESULTS / "hybrid_optimality.csv") else RESULTS / "libra_copy_grid.csv")
-    budgets = [float(b) for b in args.budgets.split(",")]
+    budgets = _floats(args.budgets)
     rows = []
     t0 = time.perf_counter()
     for name, base in instances(args):
         peak = no_remat_peak(base)
-        for bw in [float(b) for b in args.bandwidths.split(",")]:
+        for bw in _floats(args.bandwidths):
             p = _copy_bound(base, bw)
             for frac in budgets:
                 for policy in ("hybrid", "swap"):
@@ -261,8 +266,7 @@ def main(argv=None) -> int:
     from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import solve
 
-    budgets = [float(b) for b in args.budgets.split(",")]
-    bandwidths = [float(b) for b in args.bandwidths.split(",")]
+    budgets, bandwidths = _floats(args.budgets), _floats(args.bandwidths)
     insts = instances(args)
     total = len(insts) * len(budgets) * len(bandwidths)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

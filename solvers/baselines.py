@@ -300,9 +300,8 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     ScheduleError
         The lowering or the simulation rejects the plan.
     """
-    evictions = tuple(evictions_for(problem, decisions, windows))
-    built = problem.tables.memo("baselines.lowered", dict)
-    key = (evictions, prefetch)
+    built, key = _lowered(problem, decisions, windows, prefetch)
+    evictions = key[0]
     got = built.get(key)
     if isinstance(got, _Over):
         if limit is not None and limit <= got.limit:
@@ -320,6 +319,14 @@ def _evaluate(problem: RematProblem, decisions: dict[int, Policy], windows, *, p
     return got
 
 
+def _lowered(problem: RematProblem, decisions: dict[int, Policy], windows, prefetch) -> tuple[dict, tuple]:
+    """The problem's memo of built baseline plans (``"baselines.lowered"``)
+    and the key of the plan of ``decisions`` over ``windows`` there: its
+    eviction list and ``prefetch`` (:func:`_evaluate`)."""
+    return (problem.tables.memo("baselines.lowered", dict),
+            (tuple(evictions_for(problem, decisions, windows)), prefetch))
+
+
 def _proven_over(problem: RematProblem, decisions: dict[int, Policy], windows, *, limit: int) -> bool:
     """Whether the plan :func:`_evaluate` makes of ``decisions`` over
     ``windows`` surely peaks over ``limit`` (bytes), shown without lowering
@@ -330,9 +337,8 @@ def _proven_over(problem: RematProblem, decisions: dict[int, Policy], windows, *
     is kept as a build: a later :func:`_evaluate` at a higher limit, or
     none, lowers the plan as before.  For recompute plans (the prover's:
     their :func:`_evaluate` key has the default ``prefetch``)."""
-    evictions = tuple(evictions_for(problem, decisions, windows))
-    key = (evictions, "auto")
-    got = problem.tables.memo("baselines.lowered", dict).get(key)
+    built, key = _lowered(problem, decisions, windows, "auto")
+    got = built.get(key)
     if isinstance(got, _Over):
         if limit <= got.limit:
             return True

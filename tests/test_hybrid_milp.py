@@ -464,3 +464,21 @@ def test_smallest_failing_fuzz_case_plans_or_states_a_minimum():
         assert e.min_feasible_bytes is not None and e.min_feasible_bytes > budget
         return
     check_plan(p, r)
+
+
+def test_libras_thorough_plan_is_a_starting_plan_too():
+    """hybrid-milp starts from libra's hybrid plans with its default and its thorough exchange moves: on
+    the large-beside-small pattern of 40 nodes (copies 4x slower than compute, 0.8 of its peak), where the
+    thorough plan is the faster, ``extras["libra_time_s"]`` is that plan's time, and the result is a plan
+    the simulator accepts within the budget and no slower than it."""
+    from libra_opt.frontend.generators import large_beside_small_graph
+
+    p = with_bandwidth(large_beside_small_graph(40, seed=0), 4.0)
+    budget = int(0.8 * no_remat_peak(p))
+    default = solve(p, budget, "libra", policy="hybrid")
+    thorough = solve(p, budget, "libra", policy="hybrid", exchange_effort="thorough")
+    assert thorough.time_s < default.time_s
+    r = solve(p, budget, "hybrid-milp", time_limit_s=5)
+    check_plan(p, r)
+    assert r.extras["libra_time_s"] == pytest.approx(thorough.time_s, rel=REL)
+    assert r.time_s <= thorough.time_s * (1 + REL)

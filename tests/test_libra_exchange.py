@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from libra_opt.frontend import generators as G
-from libra_opt.errors import ProblemError
+from libra_opt.errors import ProblemError, SolverError
 from libra_opt.frontend.importers import load_problem_any
 from libra_opt.passes.simulator import simulate
 from libra_opt.solvers import solve
@@ -467,3 +467,55 @@ def test_exchanges_on_a_large_problem_evaluate_at_most_the_descents_count(monkey
         assert max(over) <= X.EVALS_PER_STEP
     else:
         assert max(over) > X.EVALS_PER_STEP
+
+
+def test_thorough_exchanges_find_a_cheaper_hybrid_plan_on_the_large_beside_small_pattern():
+    """``exchange_effort="thorough"`` (more of the costliest decisions given back per round, more candidate
+    evaluations): on the large-beside-small pattern of 100 nodes with copies as slow as compute, hybrid at
+    0.3 of its peak, a plan the simulator accepts within the budget and faster than the default's."""
+    from _devices import with_bandwidth
+    from libra_opt.passes.simulator import no_remat_peak
+
+    p = with_bandwidth(G.large_beside_small_graph(100, seed=0), 1.0)
+    budget = int(0.3 * no_remat_peak(p))
+    default = solve(p, budget, "libra", policy="hybrid")
+    thorough = solve(p, budget, "libra", policy="hybrid", exchange_effort="thorough")
+    assert_fits(p, default)
+    assert_fits(p, thorough)
+    assert thorough.time_s < default.time_s
+
+
+def test_thorough_exchanges_are_allowed_more_evaluations(monkeypatch):
+    """Thorough exchange moves make at most ``max(THOROUGH_MIN_EVALS, THOROUGH_EVAL_RATIO * descent_evals)``
+    candidate evaluations (checked at each local step, which evaluates at most ``EVALS_PER_STEP``), and on
+    the large-beside-small pattern recompute-only at 0.5 of its peak more than the default's (which their
+    limit caps); each plan fits its budget."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+    from libra_opt.solvers.libra import exchange as X
+    from libra_opt.solvers.libra import finish as F
+
+    used, moves = [], F.exchange_moves
+
+    def counted(ref, costs, tl, records, budget, descent_evals=0):
+        before = ref.evals
+        out = moves(ref, costs, tl, records, budget, descent_evals)
+        used.append((ref.opts.exchange_effort, ref.evals - before, descent_evals))
+        return out
+
+    monkeypatch.setattr(F, "exchange_moves", counted)
+    p = G.large_beside_small_graph(60, seed=0)
+    budget = int(0.5 * no_remat_peak(p))
+    for effort in ("default", "thorough"):
+        assert_fits(p, get_solver("libra", policy="recompute", exchange_effort=effort).solve(p, budget))
+    default = [u for e, u, _ in used if e == "default"]
+    thorough = [(u, d) for e, u, d in used if e == "thorough"]
+    assert default and thorough
+    assert max(u - max(X.THOROUGH_MIN_EVALS, X.THOROUGH_EVAL_RATIO * d) for u, d in thorough) <= X.EVALS_PER_STEP
+    assert max(u for u, _ in thorough) > max(default)
+
+
+def test_an_unknown_exchange_effort_is_rejected_with_the_choices():
+    p = G.large_beside_small_graph(20, seed=0)
+    with pytest.raises(SolverError, match="exchange_effort must be one of"):
+        solve(p, 0.5, "libra", exchange_effort="fast")

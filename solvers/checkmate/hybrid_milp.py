@@ -32,7 +32,9 @@ does not: a host copy not yet complete, the device-to-host queue's tail), or
 the plan runs within ``mip_gap`` of the compute floor or the cut bound.
 
 Starting solution and fallback (as ``checkmate-milp``'s ``libra_hint``):
-libra's hybrid plan at the same budget, mapped onto the model's variables
+libra's hybrid plans at the same budget (its default exchange moves and its
+thorough ones, ``exchange_effort="thorough"``: cheaper on some cells, for a
+second or two), mapped onto the model's variables
 (:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`, then
 :meth:`~libra_opt.solvers.hybrid_model.HybridModel.fitted_assignment`), the
 swap-on-demand plan (:func:`~libra_opt.solvers.hybrid_model.swap_on_demand`)
@@ -41,7 +43,7 @@ Checkmate's LP rounding given a quarter of ``time_limit_s``, at most 60 s)
 are hints; the
 cheapest the simulator accepts within the budget is returned whenever the
 MILP ends worse or without a plan, so the result is never slower than
-libra's hybrid plan (status then ``"feasible"`` or ``"time_limit"``).
+libra's hybrid plans (status then ``"feasible"`` or ``"time_limit"``).
 
 The solve (:func:`~libra_opt.solvers.checkmate.neighbourhoods.solve_with_windows`):
 the whole model from the starting solution for a tenth of the time (at most
@@ -97,9 +99,10 @@ class HybridMILPOptions(MIPOptions):
     warm_start : bool
         Give the MILP the cheapest starting plan that fits the model.
     libra_hint : bool
-        Run libra (hybrid and recompute-only) at the budget first: starting
-        solutions, and the plan returned when the MILP ends worse or without
-        a plan.
+        Run libra (hybrid, with its default and its thorough exchange moves,
+        ``LibraOptions.exchange_effort``, and recompute-only) at the budget
+        first: starting solutions, and the plan returned when the MILP ends
+        worse or without a plan.
     max_nodes : int
         Largest problem accepted (nodes); the model is never coarsened.
     values : {"tensor", "node"}
@@ -170,18 +173,18 @@ class HybridMILPSolver(Solver):
         extras: dict = dict(backend=o.backend, model_values=g.nv,
                             bound_scope="the plans of the hybrid model (libra_opt.solvers.hybrid_model)")
         pool = list(setup.heuristics())
-        hybrid_hint = None
+        hybrid_hints: list = []
         libra_min = []
         if o.libra_hint:
             pool += setup.libra_plans(budget_bytes)
             if setup.libra_min_feasible_bytes is not None:
                 libra_min.append(setup.libra_min_feasible_bytes)
-            libra, hybrid_hint, hyb_min = self._libra_hybrid(setup, budget_bytes)
+            libras, hybrid_hints, hyb_min = self._libra_hybrid(setup, budget_bytes)
             if hyb_min is not None:
                 libra_min.append(hyb_min)
-            if libra is not None:
-                pool.append(libra)
-                extras["libra_time_s"] = libra.time_s
+            if libras:
+                pool += libras
+                extras["libra_time_s"] = min(c.time_s for c in libras)
         # bounds of every plan, no model involved: the compute floor and the cut bounds
         plain = (floor_bound(problem, budget_bytes, self.name),) + cut_bounds(problem, budget_bytes)
         proven_s = max(b.value_s for b in plain if b.kind == HYBRID)
@@ -219,7 +222,7 @@ class HybridMILPSolver(Solver):
             extras.update(num_vars=model.num_vars, num_rows=model.num_rows,
                           swap_vars=int((model.in_idx >= 0).sum() + (model.b_idx >= 0).sum()
                                         + (model.off_idx >= 0).sum()))
-            hint = self._hint(model, pool, hybrid_hint, extras) if o.warm_start else None
+            hint = self._hint(model, pool, hybrid_hints, extras) if o.warm_start else None
             left = max(deadline - time.perf_counter(), 1.0)
             # the windows' plans join the pool (simulated: the model's objective may charge less)
             res, found = solve_with_windows(model, hint, left, o, o.lns_share if _attempt == 0 else 0.0,
@@ -295,37 +298,50 @@ class HybridMILPSolver(Solver):
         return RawSolution(cand.schedule, status, None, msg, extras, bounds=bounds)
 
     # ---------------------------------------------------------------- helpers
+    #: libra's hybrid plans that start the MILP: its default exchanges, and thorough ones (``LibraOptions.
+    #: exchange_effort``: a plan cheaper on some cells, where a second or two next to the MILP's minutes is cheap)
+    LIBRA_EFFORTS = (("default", "libra hybrid"), ("thorough", "libra hybrid thorough"))
+
     def _libra_hybrid(self, setup: CheckmateSetup, budget_bytes: int):
-        """libra's hybrid plan: ``(candidate or None, (S, IN, A, B, OFF) or
-        None, libra's smallest feasible budget when it finds none)``."""
+        """libra's hybrid plans (:attr:`LIBRA_EFFORTS`): ``(candidates,
+        [(name, (S, IN, A, B, OFF))] of those that map to the model, libra's
+        smallest feasible budget where it finds none, else None)``.  The
+        thorough plan is left out where it is the default one (the same
+        step time and peak)."""
         from ..registry import get_solver
 
-        try:
-            r = get_solver("libra", policy="hybrid").solve(setup.original, int(budget_bytes))
-        except InfeasibleBudgetError as e:
-            return None, None, e.min_feasible_bytes
-        except SolverError as e:  # a reference plan only
-            internal = e.__cause__ is not None and not isinstance(e.__cause__, LibraOptError)
-            (log.warning if internal else log.info)("hybrid-milp: no libra hybrid plan: %s", e)
-            return None, None, None
-        cand = Candidate("libra hybrid", None, None, r.schedule, int(r.peak_bytes), float(r.time_s))
-        try:
-            sio = hybrid_from_schedule(setup.graph, r.schedule)
-        except SolverError as e:
-            log.info("hybrid-milp: libra's hybrid plan does not map to the model: %s", e)
-            sio = None
-        return cand, sio, None
+        cands, hints = [], []
+        for effort, name in self.LIBRA_EFFORTS:
+            try:
+                r = get_solver("libra", policy="hybrid", exchange_effort=effort).solve(setup.original,
+                                                                                       int(budget_bytes))
+            except InfeasibleBudgetError as e:
+                # exchange moves change what a plan that meets the budget costs, never which budgets are met
+                return cands, hints, e.min_feasible_bytes
+            except SolverError as e:  # a reference plan only
+                internal = e.__cause__ is not None and not isinstance(e.__cause__, LibraOptError)
+                (log.warning if internal else log.info)("hybrid-milp: no %s plan: %s", name, e)
+                continue
+            if any(c.time_s == float(r.time_s) and c.peak_bytes == int(r.peak_bytes) for c in cands):
+                continue
+            cands.append(Candidate(name, None, None, r.schedule, int(r.peak_bytes), float(r.time_s)))
+            try:
+                hints.append((f"{name} (model)", hybrid_from_schedule(setup.graph, r.schedule)))
+            except SolverError as e:
+                log.info("hybrid-milp: the %s plan does not map to the model: %s", name, e)
+        return cands, hints, None
 
     @staticmethod
-    def _hint(model: HybridModel, pool: list, hybrid_hint, extras: dict):
-        """The cheapest plan that is a solution of ``model``, as a full vector."""
+    def _hint(model: HybridModel, pool: list, hybrid_hints: list, extras: dict):
+        """The cheapest plan that is a solution of ``model``, as a full vector
+        (``hybrid_hints``: libra's hybrid plans on the model's variables,
+        :meth:`_libra_hybrid`)."""
         g = model.graph
         tries = []
-        if hybrid_hint is not None:
-            S, IN, A, B, OFF = hybrid_hint
+        for name, (S, IN, A, B, OFF) in hybrid_hints:
             R = solve_r_opt(g, S, arrived=A, present=B)
             if not (R & ~g.recomputable[None, :] & ~np.eye(g.n, dtype=bool)).any():
-                tries.append(("libra hybrid (model)", R, S, IN, A, B, OFF))
+                tries.append((name, R, S, IN, A, B, OFF))
         S, IN, A, B, OFF = swap_on_demand(g)
         tries.append(("swap on demand", solve_r_opt(g, S, arrived=A, present=B), S, IN, A, B, OFF))
         no_swap = np.zeros((g.n, g.nv), dtype=bool)

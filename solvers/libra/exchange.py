@@ -104,6 +104,16 @@ SWAP_EVALS_PER_NODE = 0.5
 #: by 0.5 %.)
 LARGE_EVAL_RATIO = 1
 LARGE_NODES = 500
+#: ``LibraOptions.exchange_effort="thorough"``: decisions tried per round (for :data:`MAX_TRIES`), candidate
+#: evaluations per descent evaluation on every problem (for :data:`EVAL_RATIO` and :data:`LARGE_EVAL_RATIO`), and
+#: at least this many (for :data:`MIN_EVALS`, also the covering plans' completion).  Over the 180 cells of
+#: ``hybrid_optimality.py --libra-only`` (its graphs at copy ratios 0.25 / 1 / 4 and 0.9-0.3 of their peaks,
+#: hybrid and swap-only): 12 plans cheaper, none costlier, 10 -> 14 CPU s in all (``random_layered_n100`` with
+#: copies as slow as compute, hybrid at 0.5: 76,484.4 -> 70,660.0 in 0.9 -> 2.0 CPU s); ``hybrid-milp`` starts
+#: from such a plan too.  Neither more tries nor more evaluations alone changed that cell's plan
+THOROUGH_TRIES = 10
+THOROUGH_EVAL_RATIO = 20
+THOROUGH_MIN_EVALS = 500
 #: the covering program (``_cover_plan``) runs on problems of at most this many nodes
 COVER_MAX_NODES = 128
 #: relative gap at which the covering program stops (its model is approximate anyway)
@@ -130,6 +140,15 @@ class _Result(NamedTuple):
     timeline: Timeline
     records: dict
     window: int     # the window taken (finish first) or given back (exchange)
+
+
+def _effort(ref: Evaluator) -> tuple[int, int, int]:
+    """``(tries per round, evaluations per descent evaluation, least
+    evaluations)`` of the exchanges of descent ``ref``: by its options'
+    ``exchange_effort`` and its problem's size (module constants)."""
+    if ref.opts.exchange_effort == "thorough":
+        return THOROUGH_TRIES, THOROUGH_EVAL_RATIO, THOROUGH_MIN_EVALS
+    return MAX_TRIES, LARGE_EVAL_RATIO if ref.problem.num_nodes > LARGE_NODES else EVAL_RATIO, MIN_EVALS
 
 
 def _ranked(ref: Evaluator, costs: OptionCosts, tl: Timeline, p: int, banned: set) -> list[int]:
@@ -498,7 +517,7 @@ def _covered(ref: Evaluator, costs: OptionCosts, budget: int, chained: bool) -> 
     if start is None:
         return None
     tl, records = start
-    done = _descend_local(ref, costs, tl, records, budget, set(), max_evals=ref.evals + MIN_EVALS)
+    done = _descend_local(ref, costs, tl, records, budget, set(), max_evals=ref.evals + _effort(ref)[2])
     if done is None:
         return None
     tl, records = done
@@ -565,7 +584,9 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
     (``ref.allow_rec`` false) at most ``max(MIN_EVALS, SWAP_EVALS_PER_NODE *
     nodes)`` of those (``h100_resnet50_b128`` swap-only at 0.3 of its peak:
     2,076 evaluations without that cap, none of which kept an exchange; at
-    most 315 with it).
+    most 315 with it).  With ``ref.opts.exchange_effort == "thorough"``, the
+    :data:`THOROUGH_TRIES`, :data:`THOROUGH_EVAL_RATIO` and
+    :data:`THOROUGH_MIN_EVALS` in their place, on every problem size.
 
     Returns
     -------
@@ -577,16 +598,16 @@ def exchange(ref: Evaluator, costs: OptionCosts, tl: Timeline, records: dict, bu
         return tl, records, 0
     banned: set[int] = set()
     kept = 0
-    ratio = LARGE_EVAL_RATIO if ref.problem.num_nodes > LARGE_NODES else EVAL_RATIO
-    allowed = max(MIN_EVALS, ratio * int(descent_evals))
+    tries, ratio, least = _effort(ref)
+    allowed = max(least, ratio * int(descent_evals))
     if not ref.allow_rec:
-        allowed = min(allowed, max(MIN_EVALS, SWAP_EVALS_PER_NODE * ref.problem.num_nodes))
+        allowed = min(allowed, max(least, SWAP_EVALS_PER_NODE * ref.problem.num_nodes))
     stop = ref.evals + allowed
     for _ in range(MAX_ROUNDS):
         cost = tl.added_s()
         kept_cost = None   # the cost of ``tl`` once the finish keeps regenerated storages (computed when needed)
         found = None
-        for j in sorted(records, key=lambda k: (-records[k].added_s, k))[:MAX_TRIES]:
+        for j in sorted(records, key=lambda k: (-records[k].added_s, k))[:tries]:
             if records[j].added_s <= 0:
                 break
             trace = _Trace()

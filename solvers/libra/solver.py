@@ -144,6 +144,8 @@ log = logging.getLogger(__name__)
 
 POLICY_MODES = ("hybrid", "recompute", "swap")
 WINDOW_MODES = ("auto", "default", "all")
+#: ``LibraOptions.exchange_effort``
+EXCHANGE_EFFORTS = ("default", "thorough")
 
 
 @contextlib.contextmanager
@@ -265,6 +267,23 @@ class LibraOptions:
         most expensive decisions, forbid it, and cover the budget again with
         the descent's moves; kept where the estimated added time goes down
         (several cheaper evictions instead of one costly one).
+    exchange_effort : {"default", "thorough"}
+        How hard the exchange moves search.  ``"default"``: the
+        :data:`~libra_opt.solvers.libra.exchange.MAX_TRIES` (3) most expensive
+        decisions per round, at most twice the descent's candidate
+        evaluations (once on problems of more than 500 nodes), at least 48.
+        ``"thorough"``: the 10 most expensive, up to 20 times the descent's
+        evaluations, at least 500 (``exchange.THOROUGH_*``): for a reference
+        plan where solve time matters less (``hybrid-milp`` starts from one).
+        Over the 180 cells of ``benchmarks/hybrid_optimality.py
+        --libra-only`` (2-core CPU): 12 plans cheaper, none costlier, 10 ->
+        14 CPU s in all; the shared graph ``random_layered_n100`` with copies
+        as slow as compute, hybrid at 0.5 of its peak: a step of 76,484 ->
+        70,660 in 0.9 -> 2.0 CPU s.
+        Not a guarantee: a thorough search may keep other exchanges, which
+        can end costlier (the pattern generators at 30-60 nodes, seeds 0-2,
+        copy ratios 1 and 4, hybrid at 0.8 / 0.5 / 0.3 of the peak: 6 plans
+        cheaper, 2 costlier, by up to 1.1 %, of 8 that differ).
     merge : bool
         Score recomputations whose chain regenerates another evicted storage
         with that storage's window ended at the chain (one regeneration for
@@ -384,6 +403,7 @@ class LibraOptions:
     early: bool = True
     retain: bool = True
     exchange: bool = True
+    exchange_effort: str = "default"
     merge: bool = False
     retain_inputs: bool | None = None
     portfolio: bool = True
@@ -397,6 +417,8 @@ class LibraOptions:
             raise SolverError(f"libra: policy must be one of {POLICY_MODES}, got {self.policy!r}")
         if self.windows not in WINDOW_MODES:
             raise SolverError(f"libra: windows must be one of {WINDOW_MODES}, got {self.windows!r}")
+        if self.exchange_effort not in EXCHANGE_EFFORTS:
+            raise SolverError(f"libra: exchange_effort must be one of {EXCHANGE_EFFORTS}, got {self.exchange_effort!r}")
         if self.time_limit_s is not None and not self.time_limit_s > 0:
             raise SolverError(f"libra: time_limit_s must be a positive number of seconds, got {self.time_limit_s!r}")
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps < 0):

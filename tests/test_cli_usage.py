@@ -116,6 +116,18 @@ def test_time_limit_must_be_a_positive_number(capsys, chain_file, limit):
         usage_error(capsys, cmd + [f"--time-limit={limit}"], "--time-limit")
 
 
+def test_exchange_effort_reaches_libra_and_is_refused_for_other_solvers(capsys, chain_file):
+    """``--exchange-effort`` (``solve``, ``sweep``) sets ``LibraOptions.exchange_effort``; with another
+    solver it is a usage error that names the flag, as ``--policy`` is."""
+    assert main(["solve", chain_file, "--budget", "0.5", "--exchange-effort", "thorough"]) == 0
+    assert "exchange_effort='thorough'" in capsys.readouterr().out
+    assert main(["sweep", chain_file, "--budgets", "0.9,0.5", "--exchange-effort", "thorough"]) == 0
+    assert "exchange_effort='thorough'" in capsys.readouterr().out
+    usage_error(capsys, ["solve", chain_file, "--budget", "0.9", "--solver", "checkpoint-all",
+                         "--exchange-effort", "thorough"], "--exchange-effort", "libra solver only")
+    usage_error(capsys, ["solve", chain_file, "--budget", "0.9", "--exchange-effort", "fast"], "--exchange-effort")
+
+
 def test_exit_status_1_for_infeasible_and_over_budget(capsys, chain_file):
     assert main(["solve", chain_file, "--budget", "20B"]) == 1   # below any plan: infeasible
     assert main(["simulate", chain_file, "--budget", "50%"]) == 1  # the no-remat plan is over it

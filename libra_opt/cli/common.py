@@ -34,6 +34,17 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
                         "problems profiled before it was measured")
 
 
+def add_libra_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the ``libra`` solver's ``--policy`` and ``--exchange-effort``
+    (``LibraOptions.policy`` / ``exchange_effort``; :func:`~libra_opt.cli.solve.solver_options`
+    refuses them for another solver)."""
+    p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
+                   help="libra only: recompute + swap (default), recompute only, swap only")
+    p.add_argument("--exchange-effort", choices=["default", "thorough"],
+                   help="libra only: how hard its exchange moves search (thorough: more decisions given back and "
+                        "more evaluations; a slower solve, sometimes a cheaper plan)")
+
+
 def report_unreadable(command: str, e: OSError) -> None:
     """Print the one-line error for a file that cannot be read."""
     print(f"libra-opt {command}: error: cannot read {e.filename}: {e.strerror}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""``libra-opt solve FILE --budget B [--solver NAME] [--explain [N]] [-o PLAN.json] [--plot OUT.png]``
+"""``libra-opt solve FILE --budget B [--solver NAME] [--policy P] [--exchange-effort E] [--explain [N]]
+[-o PLAN.json] [--plot OUT.png]``
 
 Plans a problem within a memory budget with a solver (``libra`` by default)
 and prints the plan's simulated peak, step time and what it costs.  ``FILE`` is
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import (BUDGET_HELP, add_problem_arguments, budget_arg, check_outputs, description,
+from .common import (BUDGET_HELP, add_libra_arguments, add_problem_arguments, budget_arg, check_outputs, description,
                      positive_float, read_problem, solver_names_help)
 
 
@@ -30,8 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--budget", required=True, metavar="B", type=budget_arg, help=BUDGET_HELP)
     p.add_argument("--solver", default="libra", metavar="NAME",
                    help=f"solver name (default libra): {solver_names_help()}")
-    p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
-                   help="libra only: recompute + swap (default), recompute only, swap only")
+    add_libra_arguments(p)
     p.add_argument("--time-limit", type=positive_float, metavar="S",
                    help="solver time limit, seconds > 0 (solvers that have one)")
     p.add_argument("--explain", nargs="?", type=int, const=10, default=None, metavar="N",
@@ -50,11 +50,13 @@ def solver_options(args: argparse.Namespace, solver_name: str) -> dict:
 
     known = {f.name for f in dataclasses.fields(solver_class(solver_name).Options)}
     opts = {}
-    if getattr(args, "policy", None) is not None:
-        if "policy" not in known:
-            raise SolverError(f"--policy applies to the libra solver only, not {solver_name!r}: drop --policy "
-                              f"or use --solver libra")
-        opts["policy"] = args.policy
+    for name in ("policy", "exchange_effort"):   # libra's
+        if getattr(args, name, None) is not None:
+            flag = "--" + name.replace("_", "-")
+            if name not in known:
+                raise SolverError(f"{flag} applies to the libra solver only, not {solver_name!r}: drop {flag} "
+                                  f"or use --solver libra")
+            opts[name] = getattr(args, name)
     if getattr(args, "time_limit", None) is not None and "time_limit_s" in known:
         opts["time_limit_s"] = args.time_limit
     return opts

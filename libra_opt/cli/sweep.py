@@ -1,4 +1,4 @@
-"""``libra-opt sweep FILE --budgets 0.9,0.8,... [--policy ...] [--solver NAME] [--csv OUT.csv]``
+"""``libra-opt sweep FILE --budgets 0.9,0.8,... [--policy ...] [--exchange-effort E] [--solver NAME] [--csv OUT.csv]``
 
 Plans a problem for many memory budgets at once and prints one row per
 budget: status, simulated peak, added step time and solve seconds.  With the
@@ -14,8 +14,8 @@ import argparse
 import csv
 import sys
 
-from .common import (BUDGET_HELP, add_problem_arguments, budget_list_arg, check_outputs, description, positive_float,
-                     read_problem, solver_names_help)
+from .common import (BUDGET_HELP, add_libra_arguments, add_problem_arguments, budget_list_arg, check_outputs,
+                     description, positive_float, read_problem, solver_names_help)
 
 
 #: the one-line help of the command in ``libra-opt --help``
@@ -31,8 +31,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                    help="comma-separated budgets, each a " + BUDGET_HELP)
     p.add_argument("--solver", default="libra", metavar="NAME",
                    help=f"solver name (default libra): {solver_names_help()}")
-    p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
-                   help="libra only: recompute + swap (default), recompute only, swap only")
+    add_libra_arguments(p)
     p.add_argument("--time-limit", type=positive_float, metavar="S",
                    help="solver time limit per solve, seconds > 0")
     p.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")

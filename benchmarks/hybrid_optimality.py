@@ -95,11 +95,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--target-gap", type=float, default=TARGET_GAP, help="relative gap of the target (default 0.05)")
     p.add_argument("--libra-only", action="store_true",
                    help="no MILP: libra's hybrid and swap-only plans at every cell (results/libra_copy_grid.csv)")
+    p.add_argument("--exchange-effort", default="default", choices=("default", "thorough"),
+                   help="with --libra-only: libra's exchange_effort option (default %(default)s)")
     p.add_argument("--compare", default=None, metavar="CSV",
                    help="with --libra-only: list the cells whose plan changed against this earlier CSV")
     args = p.parse_args(argv)
     if args.compare and not args.libra_only:
         p.error("--compare compares libra's plans: it needs --libra-only")
+    if args.exchange_effort != "default" and not args.libra_only:
+        p.error("--exchange-effort sets libra's grid plans: it needs --libra-only (hybrid-milp starts from both)")
     return args
 
 
@@ -209,7 +213,8 @@ def libra_grid(args) -> int:
             p = _copy_bound(base, bw)
             for frac in budgets:
                 for policy in ("hybrid", "swap"):
-                    r = solve(p.replace(), int(frac * peak), "libra", policy=policy, raise_on_infeasible=False)
+                    r = solve(p.replace(), int(frac * peak), "libra", policy=policy, raise_on_infeasible=False,
+                              exchange_effort=args.exchange_effort)
                     rows.append(dict(instance=name, nodes=p.num_nodes, bandwidth_x_step=bw, budget_fraction=frac,
                                      budget_bytes=int(frac * peak), policy=policy,
                                      time_s=r.time_s if r.success else "", descent=r.extras.get("descent", ""),

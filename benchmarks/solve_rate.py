@@ -112,10 +112,10 @@ class SolverRow:
     options: dict = field(default_factory=dict)
 
 
-def solver_rows(only: list[str] | None = None) -> list[SolverRow]:
+def solver_rows(only: list[str] | None = None, exchange_effort: str = "default") -> list[SolverRow]:
     """The non-exact solvers of :func:`libra_opt.solvers.available_solvers`
-    (``libra`` once per policy), in registry order; ``only`` (labels or
-    names) picks some.
+    (``libra`` once per policy, with ``exchange_effort``), in registry
+    order; ``only`` (labels or names) picks some.
 
     Raises
     ------
@@ -129,7 +129,8 @@ def solver_rows(only: list[str] | None = None) -> list[SolverRow]:
         if name in EXACT_SOLVERS:
             continue
         if name == "libra":
-            rows += [SolverRow(f"libra-{p}", "libra", {"policy": p}) for p in LIBRA_POLICIES]
+            rows += [SolverRow(f"libra-{p}", "libra", {"policy": p, "exchange_effort": exchange_effort})
+                     for p in LIBRA_POLICIES]
         else:
             rows.append(SolverRow(name, name))
     if only:
@@ -512,6 +513,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-problems", action="store_true", help="leave out problems/*.json.gz")
     ap.add_argument("--solvers", default=None, help="solver rows (labels such as libra-hybrid, or names)")
     ap.add_argument("--only", default=None, help="instances whose name contains this")
+    ap.add_argument("--exchange-effort", default="default", choices=("default", "thorough"),
+                    help="libra's exchange_effort option (default %(default)s; the target is the default's)")
     ap.add_argument("--quick", action="store_true",
                     help=f"a small subset: patterns at {QUICK['sizes']} nodes, problems {QUICK['problems']}, "
                          f"budgets {QUICK['budgets']}")
@@ -528,7 +531,7 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"--patterns: unknown {bad}; use some of {PATTERNS} or 'none'")
     problems = () if args.no_problems else (QUICK["problems"] if args.quick else None)
-    rows = solver_rows(args.solvers.split(",") if args.solvers else None)
+    rows = solver_rows(args.solvers.split(",") if args.solvers else None, args.exchange_effort)
     instances = file_instances(args.graphs, problems) + generated_instances(patterns, sizes)
     if args.only:
         instances = [i for i in instances if args.only in i[0]]

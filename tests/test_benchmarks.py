@@ -231,6 +231,20 @@ def test_solve_rate_writes_a_row_per_solver_and_budget(tmp_path, capsys):
         assert f"| {lab} | 2 |" in md   # its summary row: two rows (one per budget)
 
 
+def test_solve_rate_exchange_effort_goes_to_the_libra_rows_only():
+    """``solve_rate.py --exchange-effort thorough``: libra's rows solve with that option, the other
+    solvers' rows are as without it."""
+    sr = load_benchmark("solve_rate")
+    plain = {r.label: r.options for r in sr.solver_rows()}
+    rows = {r.label: r.options for r in sr.solver_rows(exchange_effort="thorough")}
+    assert plain.keys() == rows.keys()
+    for label, opts in rows.items():
+        if label.startswith("libra-"):
+            assert opts == {**plain[label], "exchange_effort": "thorough"}
+        else:
+            assert opts == plain[label]
+
+
 def test_solve_rate_breakdown_splits_libra_rows_and_restores_the_solver(tmp_path):
     """``--breakdown``: every libra row's phases (descents, exchange, finish, baselines, other) are
     non-negative and add up to its CPU seconds, descents take some of them, an infeasible budget's

@@ -331,6 +331,17 @@ def test_benchmark_libra_only_grid_and_its_comparison(tmp_path, capsys):
     with pytest.raises(SystemExit):   # --compare without --libra-only: an error, not ignored
         mod.parse_args(["--compare", str(old)])
     assert "needs --libra-only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):   # as --exchange-effort without it
+        mod.parse_args(["--exchange-effort", "thorough"])
+    assert "needs --libra-only" in capsys.readouterr().err
+    # --exchange-effort thorough: each cell a solve with that option
+    assert mod.main(argv + ["--out", str(tmp_path / "thorough.csv"), "--exchange-effort", "thorough"]) == 0
+    for r in csv.DictReader((tmp_path / "thorough.csv").open()):
+        p = mod._copy_bound(random_layered_graph(20, seed=0), float(r["bandwidth_x_step"]))
+        got = solve(p, int(r["budget_bytes"]), "libra", policy=r["policy"], raise_on_infeasible=False,
+                    exchange_effort="thorough")
+        assert (float(r["time_s"]) if r["time_s"] else int(r["min_feasible_bytes"])) == pytest.approx(
+            got.time_s if got.success else got.min_feasible_bytes, rel=1e-12)
 
 
 def test_benchmark_summary_counts_the_target():

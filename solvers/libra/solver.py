@@ -274,16 +274,22 @@ class LibraOptions:
         evaluations (once on problems of more than 500 nodes), at least 48.
         ``"thorough"``: the 10 most expensive, up to 20 times the descent's
         evaluations, at least 500 (``exchange.THOROUGH_*``): for a reference
-        plan where solve time matters less (``hybrid-milp`` starts from one).
-        Over the 180 cells of ``benchmarks/hybrid_optimality.py
-        --libra-only`` (2-core CPU): 12 plans cheaper, none costlier, 10 ->
-        14 CPU s in all; the shared graph ``random_layered_n100`` with copies
-        as slow as compute, hybrid at 0.5 of its peak: a step of 76,484 ->
-        70,660 in 0.9 -> 2.0 CPU s.
-        Not a guarantee: a thorough search may keep other exchanges, which
-        can end costlier (the pattern generators at 30-60 nodes, seeds 0-2,
-        copy ratios 1 and 4, hybrid at 0.8 / 0.5 / 0.3 of the peak: 6 plans
-        cheaper, 2 costlier, by up to 1.1 %, of 8 that differ).
+        plan, or where a solve may take longer (``hybrid-milp`` starts from
+        one).  Measured on the 2-core CPU against the default: over
+        ``benchmarks/solve_rate.py``'s 390 libra rows, 12 plans cheaper (the
+        added time by up to 11.9 %: ``random_layered_gen_n500``
+        recompute-only at 0.7), none costlier, 48.2 -> 62.8 CPU s in all;
+        over 2,400 fuzz and pattern solves (``apps.fuzz.random_problem`` and
+        the generators, seeds 0-49, three policies at 0.8-0.3), 81 cheaper
+        (median 0.7 %, up to 20.4 %), none costlier, 50 -> 102 CPU s; over
+        the 180 cells of ``benchmarks/hybrid_optimality.py --libra-only``
+        (copies that bound the step), 12 cheaper, none costlier, 10 -> 14 CPU
+        s (the shared graph ``random_layered_n100`` with copies as slow as
+        compute, hybrid at 0.5 of its peak: a step of 76,484 -> 70,660 in 0.9
+        -> 2.0 CPU s).  Not a guarantee: a thorough search may keep other
+        exchanges, which can end costlier (the pattern generators at 30-60
+        nodes, seeds 0-2, copy ratios 1 and 4, hybrid at 0.8 / 0.5 / 0.3 of
+        the peak: 6 plans cheaper, 2 costlier, by up to 1.1 %, of 162).
     merge : bool
         Score recomputations whose chain regenerates another evicted storage
         with that storage's window ended at the chain (one regeneration for

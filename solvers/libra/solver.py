@@ -278,7 +278,7 @@ class LibraOptions:
         one).  Measured on the 2-core CPU against the default: over
         ``benchmarks/solve_rate.py``'s 390 libra rows, 12 plans cheaper (the
         added time by up to 11.9 %: ``random_layered_gen_n500``
-        recompute-only at 0.7), none costlier, 48.2 -> 62.8 CPU s in all;
+        recompute-only at 0.7), none costlier, 1.3-1.4x the CPU s in all;
         over 2,400 fuzz and pattern solves (``apps.fuzz.random_problem`` and
         the generators, seeds 0-49, three policies at 0.8-0.3), 81 cheaper
         (median 0.7 %, up to 20.4 %), none costlier, 50 -> 102 CPU s; over

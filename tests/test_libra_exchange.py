@@ -42,6 +42,25 @@ def within_optimum(p, fracs):
         pytest.skip(f"checkmate-milp proved no optimum on {p.name}")
 
 
+def exchange_calls(monkeypatch, descent_evals=None) -> list:
+    """Wrap ``finish.exchange_moves`` for the rest of the test: each call appends ``(ref, candidate
+    evaluations it made, the descent count it was given)`` to the list returned; ``descent_evals``: a
+    count passed in place of the descent's own (``None``: the descent's)."""
+    from libra_opt.solvers.libra import finish as F
+
+    calls, moves = [], F.exchange_moves
+
+    def counted(ref, costs, tl, records, budget, evals=0):
+        given = evals if descent_evals is None else descent_evals
+        before = ref.evals
+        out = moves(ref, costs, tl, records, budget, given)
+        calls.append((ref, ref.evals - before, given))
+        return out
+
+    monkeypatch.setattr(F, "exchange_moves", counted)
+    return calls
+
+
 @pytest.mark.parametrize("n,seed", [(16, 0), (16, 1), (24, 0), (24, 1), (24, 2)])
 def test_several_cheap_recomputes_instead_of_one_costly(n, seed):
     """One large activation has the best bytes per second but the budget needs only part of it:
@@ -317,23 +336,14 @@ def test_a_swap_only_plans_exchanges_evaluate_at_most_their_share_per_node(monke
     from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import get_solver
     from libra_opt.solvers.libra import exchange as X
-    from libra_opt.solvers.libra import finish as F
 
     if not cap:
         monkeypatch.setattr(X, "SWAP_EVALS_PER_NODE", 10**9)
-    used, moves = [], F.exchange_moves
-
-    def counted(ref, costs, tl, records, budget, descent_evals=0):
-        before = ref.evals
-        out = moves(ref, costs, tl, records, budget, 10**7)   # the descent's count allows far more
-        if not ref.allow_rec:
-            used.append(ref.evals - before)
-        return out
-
-    monkeypatch.setattr(F, "exchange_moves", counted)
+    calls = exchange_calls(monkeypatch, descent_evals=10**7)   # the descent's count allows far more
     p = G.vgg_segmentation_graph()
     r = get_solver("libra", policy="swap").solve(p, int(0.4 * no_remat_peak(p)))
     assert_fits(p, r)
+    used = [u for ref, u, _ in calls if not ref.allow_rec]
     allowed = max(X.MIN_EVALS, X.SWAP_EVALS_PER_NODE * p.num_nodes)
     assert used
     if cap:
@@ -445,23 +455,14 @@ def test_exchanges_on_a_large_problem_evaluate_at_most_the_descents_count(monkey
     from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import get_solver
     from libra_opt.solvers.libra import exchange as X
-    from libra_opt.solvers.libra import finish as F
 
     if large:
         monkeypatch.setattr(X, "LARGE_NODES", 10)
-    used, moves = [], F.exchange_moves
-
-    def counted(ref, costs, tl, records, budget, descent_evals=0):
-        before = ref.evals
-        out = moves(ref, costs, tl, records, budget, descent_evals)
-        used.append((ref.evals - before, descent_evals))
-        return out
-
-    monkeypatch.setattr(F, "exchange_moves", counted)
+    used = exchange_calls(monkeypatch)
     p = G.large_beside_small_graph(60, seed=0)
     r = get_solver("libra", policy="recompute").solve(p, int(0.5 * no_remat_peak(p)))
     assert_fits(p, r)
-    over = [u - max(X.MIN_EVALS, X.LARGE_EVAL_RATIO * d) for u, d in used]
+    over = [u - max(X.MIN_EVALS, X.LARGE_EVAL_RATIO * d) for _, u, d in used]
     assert used
     if large:
         assert max(over) <= X.EVALS_PER_STEP
@@ -493,23 +494,14 @@ def test_thorough_exchanges_are_allowed_more_evaluations(monkeypatch):
     from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import get_solver
     from libra_opt.solvers.libra import exchange as X
-    from libra_opt.solvers.libra import finish as F
 
-    used, moves = [], F.exchange_moves
-
-    def counted(ref, costs, tl, records, budget, descent_evals=0):
-        before = ref.evals
-        out = moves(ref, costs, tl, records, budget, descent_evals)
-        used.append((ref.opts.exchange_effort, ref.evals - before, descent_evals))
-        return out
-
-    monkeypatch.setattr(F, "exchange_moves", counted)
+    used = exchange_calls(monkeypatch)
     p = G.large_beside_small_graph(60, seed=0)
     budget = int(0.5 * no_remat_peak(p))
     for effort in ("default", "thorough"):
         assert_fits(p, get_solver("libra", policy="recompute", exchange_effort=effort).solve(p, budget))
-    default = [u for e, u, _ in used if e == "default"]
-    thorough = [(u, d) for e, u, d in used if e == "thorough"]
+    default = [u for ref, u, _ in used if ref.opts.exchange_effort == "default"]
+    thorough = [(u, d) for ref, u, d in used if ref.opts.exchange_effort == "thorough"]
     assert default and thorough
     assert max(u - max(X.THOROUGH_MIN_EVALS, X.THOROUGH_EVAL_RATIO * d) for u, d in thorough) <= X.EVALS_PER_STEP
     assert max(u for u, _ in thorough) > max(default)

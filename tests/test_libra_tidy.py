@@ -87,3 +87,50 @@ def test_a_retention_that_cuts_a_chain_short_frees_those_retained_for_it(monkeyp
     by_node = {ch.before: ch.nodes for ch in chains(p, trimmed.schedule)}
     for t, q in kept.items():
         assert any(t in p.nodes[x].inputs for x in by_node.get(q, ())), (t, q, by_node.get(q))
+
+
+def test_a_kept_regeneration_that_another_change_breaks_is_refused(monkeypatch):
+    """``large_beside_small_graph(100, seed=0)`` recompute-only at 0.3 of its peak: ``keep_regenerated``
+    moved a window's end to a chain, and a later move of another window changed that chain so that it no
+    longer made the storage; the estimate then counted the storage as regenerated for free, the exchange
+    moves compared plans on that count, and ``fix_shrunk`` gave the window its own end back only in the
+    finish (the plan 18 % costlier than the one the comparison saw).  Such a move is now refused
+    (``tidy.broken_ends`` on the chains it replayed): no pass leaves a broken end for ``fix_shrunk``, and
+    the plan is cheaper than with the check off, within the budget in simulation."""
+    from libra_opt.solvers import solve
+
+    p = G.large_beside_small_graph(100, seed=0)
+    budget = int(0.3 * no_remat_peak(p))
+    passes = ("keep_regenerated", "retain_inputs")
+    broke = []
+
+    def checked(name, run):
+        def wrapped(tl, *args):
+            before = tidy.broken_ends(tl)
+            out = run(tl, *args)
+            broke.extend((name, j) for j in tidy.broken_ends(tl) if j not in before)
+            return out
+        return wrapped
+
+    with monkeypatch.context() as m:
+        for name in passes:
+            m.setattr(tidy, name, checked(name, getattr(tidy, name)))
+            for mod in ("finish", "exchange"):
+                owner = __import__(f"libra_opt.solvers.libra.{mod}", fromlist=[name])
+                if hasattr(owner, name):
+                    m.setattr(owner, name, getattr(tidy, name))
+        checked_plan = solve(p, budget, "libra", policy="recompute")
+    assert broke == []
+    monkeypatch.setattr(tidy, "broken_ends", lambda tl, at=None: [] if at is not None else _all_broken(tl))
+    unchecked = solve(p, budget, "libra", policy="recompute")
+    for r in (checked_plan, unchecked):
+        assert simulate(p, r.schedule).peak_bytes <= budget
+    assert checked_plan.added_s < unchecked.added_s, (checked_plan.added_s, unchecked.added_s)
+
+
+_BROKEN_ENDS = tidy.broken_ends
+
+
+def _all_broken(tl):
+    """``tidy.broken_ends`` over every window (``fix_shrunk``'s use), unpatched."""
+    return _BROKEN_ENDS(tl)

@@ -134,3 +134,31 @@ _BROKEN_ENDS = tidy.broken_ends
 def _all_broken(tl):
     """``tidy.broken_ends`` over every window (``fix_shrunk``'s use), unpatched."""
     return _BROKEN_ENDS(tl)
+
+
+@pytest.mark.parametrize("n,seed,frac", [(100, 0, 0.5), (100, 0, 0.3), (40, 0, 0.5), (60, 3, 0.5)])
+def test_a_descent_step_that_breaks_a_moved_end_gives_that_window_its_own_end_back(n, seed, frac, monkeypatch):
+    """``large_beside_small_graph`` recompute-only: the merge descent (its second) ends a window at a
+    chain, and a later step changes that chain so that it no longer regenerates the storage; the step
+    then gives that window its own end back (``Refiner._apply``), so that every snapshot's estimate is
+    the plan's cost: no snapshot leaves ``fix_shrunk`` a broken end (with the check off, this descent's
+    snapshot at each of these budgets has one).  The solve's plan is no costlier than with the check
+    off, and within the budget in simulation."""
+    from libra_opt.solvers import solve
+    from libra_opt.solvers.libra import refine
+
+    p = G.large_beside_small_graph(n, seed=seed)
+    budget = int(frac * no_remat_peak(p))
+
+    def broken(descents):
+        return {ref.label + str(k): tidy.broken_ends(snap.timeline) for k, ref in enumerate(descents)
+                for snap in [ref.descend([budget]).get(budget)] if snap is not None and tidy.broken_ends(snap.timeline)}
+
+    assert broken(libra_solver.LibraSolver(policy="recompute")._refiners(p)) == {}
+    checked = solve(p, budget, "libra", policy="recompute")
+    monkeypatch.setattr(refine, "broken_ends", lambda tl, at=None: [])
+    assert broken(libra_solver.LibraSolver(policy="recompute")._refiners(p)) != {}
+    unchecked = solve(p, budget, "libra", policy="recompute")
+    for r in (checked, unchecked):
+        assert simulate(p, r.schedule).peak_bytes <= budget
+    assert checked.added_s <= unchecked.added_s, (checked.added_s, unchecked.added_s)

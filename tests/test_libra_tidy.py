@@ -89,19 +89,22 @@ def test_a_retention_that_cuts_a_chain_short_frees_those_retained_for_it(monkeyp
         assert any(t in p.nodes[x].inputs for x in by_node.get(q, ())), (t, q, by_node.get(q))
 
 
-def test_a_kept_regeneration_that_another_change_breaks_is_refused(monkeypatch):
+@pytest.mark.parametrize("n,seed,frac", [(100, 0, 0.3), (120, 13, 0.45)])
+def test_a_kept_regeneration_that_another_change_breaks_is_refused(n, seed, frac, monkeypatch):
     """``large_beside_small_graph(100, seed=0)`` recompute-only at 0.3 of its peak: ``keep_regenerated``
     moved a window's end to a chain, and a later move of another window changed that chain so that it no
     longer made the storage; the estimate then counted the storage as regenerated for free, the exchange
     moves compared plans on that count, and ``fix_shrunk`` gave the window its own end back only in the
     finish (the plan 18 % costlier than the one the comparison saw).  Such a move is now refused
-    (``tidy.broken_ends`` on the chains it replayed): no pass leaves a broken end for ``fix_shrunk``, and
-    the plan is cheaper than with the check off, within the budget in simulation."""
+    (``tidy.broken_ends`` on the chains it replayed), and an undo that breaks such an end gives that
+    window its own end back at once (``large_beside_small_graph(120, seed=13)`` at 0.45): none of these
+    passes leaves a broken end for ``fix_shrunk``, and the plan is no costlier than with the checks off,
+    within the budget in simulation."""
     from libra_opt.solvers import solve
 
-    p = G.large_beside_small_graph(100, seed=0)
-    budget = int(0.3 * no_remat_peak(p))
-    passes = ("keep_regenerated", "retain_inputs")
+    p = G.large_beside_small_graph(n, seed=seed)
+    budget = int(frac * no_remat_peak(p))
+    passes = ("keep_regenerated", "retain_inputs", "undo_pass")
     broke = []
 
     def checked(name, run):
@@ -125,7 +128,9 @@ def test_a_kept_regeneration_that_another_change_breaks_is_refused(monkeypatch):
     unchecked = solve(p, budget, "libra", policy="recompute")
     for r in (checked_plan, unchecked):
         assert simulate(p, r.schedule).peak_bytes <= budget
-    assert checked_plan.added_s < unchecked.added_s, (checked_plan.added_s, unchecked.added_s)
+    assert checked_plan.added_s <= unchecked.added_s, (checked_plan.added_s, unchecked.added_s)
+    if n == 100:
+        assert checked_plan.added_s < unchecked.added_s, (checked_plan.added_s, unchecked.added_s)
 
 
 _BROKEN_ENDS = tidy.broken_ends

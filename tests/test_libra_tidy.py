@@ -1,5 +1,6 @@
 """The undo pass of the ``libra`` solver (``solvers/libra/tidy.py``): decisions a budget does not need are
-undone, the swaps that add no time in batches; and its retained-inputs pass, which trims the retentions no chain reads any more."""
+undone, the swaps that add no time in batches; its retained-inputs pass, which trims the retentions no chain reads any more;
+and the checks that no pass or descent step leaves a window ended at a chain that no longer regenerates its storage."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -89,6 +90,14 @@ def test_a_retention_that_cuts_a_chain_short_frees_those_retained_for_it(monkeyp
         assert any(t in p.nodes[x].inputs for x in by_node.get(q, ())), (t, q, by_node.get(q))
 
 
+_BROKEN_ENDS = tidy.broken_ends
+
+
+def _all_broken(tl):
+    """``tidy.broken_ends`` over every window (``fix_shrunk``'s use), unpatched."""
+    return _BROKEN_ENDS(tl)
+
+
 @pytest.mark.parametrize("n,seed,frac", [(100, 0, 0.3), (120, 13, 0.45)])
 def test_a_kept_regeneration_that_another_change_breaks_is_refused(n, seed, frac, monkeypatch):
     """``large_beside_small_graph(100, seed=0)`` recompute-only at 0.3 of its peak: ``keep_regenerated``
@@ -131,14 +140,6 @@ def test_a_kept_regeneration_that_another_change_breaks_is_refused(n, seed, frac
     assert checked_plan.added_s <= unchecked.added_s, (checked_plan.added_s, unchecked.added_s)
     if n == 100:
         assert checked_plan.added_s < unchecked.added_s, (checked_plan.added_s, unchecked.added_s)
-
-
-_BROKEN_ENDS = tidy.broken_ends
-
-
-def _all_broken(tl):
-    """``tidy.broken_ends`` over every window (``fix_shrunk``'s use), unpatched."""
-    return _BROKEN_ENDS(tl)
 
 
 @pytest.mark.parametrize("n,seed,frac", [(100, 0, 0.5), (100, 0, 0.3), (40, 0, 0.5), (60, 3, 0.5)])

@@ -170,7 +170,7 @@ def _undo(ref: Evaluator, tl: Timeline, records: dict, budget: int) -> None:
     own end back (:func:`~libra_opt.solvers.libra.tidy.fix_shrunk`), so that
     ``tl.added_s()`` is the plan's cost."""
     undo_pass(tl, records, budget)
-    fix_shrunk(tl, records, ref.orig_b)
+    fix_shrunk(tl, records)
 
 
 class _Fork(NamedTuple):

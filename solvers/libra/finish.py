@@ -92,7 +92,7 @@ class Finisher:
             retain_inputs(tl, budget)
             if opts.undo and undo and opts.early:
                 tl, records = early_shift(ev.problem, ev.orig_b, tl, records, budget)
-        fix_shrunk(tl, records, ev.orig_b)
+        fix_shrunk(tl, records)
         return Prepared(tl, records, undone)
 
     def _undone(self, snap: Snapshot, budget: int, keep: bool) -> tuple[Timeline, dict, int]:

@@ -970,7 +970,7 @@ class Refiner:
         with tl.recording() as journal:
             self._apply_move(mv, tl, records)
         if broken_ends(tl, journal):
-            fix_shrunk(tl, records, tl.windows.orig_b)
+            fix_shrunk(tl, records)
         j = mv.j
         records[j] = explain(self.problem, step=step, storage=int(tl.windows.w_s[j]),
                              after=int(tl.windows.w_a[j]), before=int(tl.state.w_b[j]), policy=Policy.of_code(mv.policy).value,

@@ -80,7 +80,7 @@ def _undo_each(tl: Timeline, records: dict, order: list[int], budget: int) -> in
                 tl.apply(j, KEEP, eff)
             del records[j]
             if broken_ends(tl, journal):
-                fix_shrunk(tl, records, tl.windows.orig_b)
+                fix_shrunk(tl, records)
             undone += 1
             mem = tl.memory()
     return undone
@@ -148,18 +148,18 @@ def broken_ends(tl: Timeline, at=None) -> list[int]:
     return out
 
 
-def fix_shrunk(tl: Timeline, records: dict, orig_b: np.ndarray) -> None:
+def fix_shrunk(tl: Timeline, records: dict) -> None:
     """A window that ends where a chain regenerates its storage keeps that
-    end only while the chain still does; otherwise it gets its own window
-    back (the storage is then recomputed at its own use).  ``orig_b``:
-    ``(windows,)`` int64, each window's own end (the descent's
-    ``orig_b``); ``tl`` and ``records`` are changed in place."""
+    end only while the chain still does (:func:`broken_ends`); otherwise it
+    gets its own window back, its own end ``tl.windows.orig_b`` (the
+    storage is then recomputed at its own use).  ``tl`` and ``records``
+    are changed in place; raises nothing."""
     for _ in range(4):
         broken = broken_ends(tl)
         if not broken:
             return
         for j in broken:
-            s, b = int(tl.windows.w_s[j]), int(orig_b[j])
+            s, b = int(tl.windows.w_s[j]), int(tl.windows.orig_b[j])
             tl.apply(j, KEEP)
             tl.set_before(j, b, tl.tensors_read_at(s, b))
             tl.apply(j, REC)

@@ -155,3 +155,22 @@ def test_free_recomputes_are_taken_first_without_a_numeric_warning():
             r = solve(p, budget, name, raise_on_infeasible=False, **opts)
             if r.success:
                 assert r.time_s >= C.cut_lower_bound(p, budget, plan_class(r.schedule) == HYBRID).time_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fewer_cut_nodes_give_a_weaker_valid_bound(seed):
+    """``max_candidates``: the bound from the cut nodes of the largest no-remat memory only is at least
+    the compute floor, at most the full bound, grows with the nodes tried, and is kept apart from it."""
+    p = with_copies(random_problem(seed), 1e-3)
+    peak, floor = no_remat_peak(p), memory_lower_bound(p)
+    budget = max(floor, int(0.6 * peak))
+    for swaps in (True, False):
+        full = C.cut_lower_bound(p, budget, swaps)
+        values = [C.cut_lower_bound(p, budget, swaps, max_candidates=k).time_s for k in (1, 4, 16)]
+        assert full.floor_s <= values[0] <= values[1] <= values[2] <= full.time_s
+        assert C.cut_lower_bound(p, budget, swaps) is full
+
+
+def test_no_cut_node_tried_is_refused():
+    with pytest.raises(ValueError, match="at least one cut node"):
+        C.cut_lower_bound(layered_chain(), 60, max_candidates=0)

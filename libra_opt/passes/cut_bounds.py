@@ -220,7 +220,8 @@ def _least(F: float, cA: float, cvD: float, E: float, xs: np.ndarray, cs: np.nda
     return best
 
 
-def cut_lower_bound(problem: RematProblem, budget_bytes: int, swaps: bool = True) -> CutBound:
+def cut_lower_bound(problem: RematProblem, budget_bytes: int, swaps: bool = True,
+                    max_candidates: int = MAX_CANDIDATES) -> CutBound:
     """The cut bound (module docstring) of ``problem`` at ``budget_bytes``.
 
     Parameters
@@ -233,6 +234,11 @@ def cut_lower_bound(problem: RematProblem, budget_bytes: int, swaps: bool = True
         ``True``: a bound on every keep / recompute / swap plan; ``False``: on
         plans without swap instructions only (stronger: the off bytes are all
         recomputed).
+    max_candidates : int
+        Cut nodes tried, those of the largest no-remat memory first
+        (:data:`MAX_CANDIDATES` by default): any subset gives a valid bound,
+        fewer a weaker one sooner (the tables built once per problem aside,
+        the work is linear in them).
 
     Returns
     -------
@@ -244,19 +250,21 @@ def cut_lower_bound(problem: RematProblem, budget_bytes: int, swaps: bool = True
     Raises
     ------
     ValueError
-        ``budget_bytes`` is negative.
+        ``budget_bytes`` is negative, or ``max_candidates`` under 1.
     """
     budget_bytes = int(budget_bytes)
     if budget_bytes < 0:
         raise ValueError(f"budget_bytes={budget_bytes}: a budget is a non-negative number of bytes")
+    if int(max_candidates) < 1:
+        raise ValueError(f"max_candidates={max_candidates}: at least one cut node must be tried")
     memo = problem.tables.memo("bounds.cut_lower_bound", dict)
-    key = (budget_bytes, bool(swaps))
+    key = (budget_bytes, bool(swaps), int(max_candidates))
     if key not in memo:
-        memo[key] = _cut_bound(problem, budget_bytes, swaps)
+        memo[key] = _cut_bound(problem, budget_bytes, swaps, int(max_candidates))
     return memo[key]
 
 
-def _cut_bound(problem: RematProblem, B: int, swaps: bool) -> CutBound:
+def _cut_bound(problem: RematProblem, B: int, swaps: bool, max_candidates: int) -> CutBound:
     N = problem.num_nodes
     if N == 0:
         return CutBound(0.0, 0.0, None, 0)
@@ -270,8 +278,8 @@ def _cut_bound(problem: RematProblem, B: int, swaps: bool) -> CutBound:
     # where the no-remat plan is within the budget at v, so is the cut (it is live there): nothing to bound
     c0 = np.asarray(problem.tables.C0)
     cands = np.flatnonzero(tb.need & (c0 > B))
-    if len(cands) > MAX_CANDIDATES:
-        cands = cands[np.argsort(-c0[cands], kind="stable")[:MAX_CANDIDATES]]
+    if len(cands) > max_candidates:
+        cands = cands[np.argsort(-c0[cands], kind="stable")[:max_candidates]]
     dev = problem.device
     d2h, h2d, overlap = float(dev.d2h_bytes_per_s), float(dev.h2d_bytes_per_s), bool(dev.copies_overlap_compute)
     T = len(tb.t_sto)

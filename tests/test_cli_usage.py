@@ -116,16 +116,20 @@ def test_time_limit_must_be_a_positive_number(capsys, chain_file, limit):
         usage_error(capsys, cmd + [f"--time-limit={limit}"], "--time-limit")
 
 
-def test_exchange_effort_reaches_libra_and_is_refused_for_other_solvers(capsys, chain_file):
-    """``--exchange-effort`` (``solve``, ``sweep``) sets ``LibraOptions.exchange_effort``; with another
-    solver it is a usage error that names the flag, as ``--policy`` is."""
-    assert main(["solve", chain_file, "--budget", "0.5", "--exchange-effort", "thorough"]) == 0
-    assert "exchange_effort='thorough'" in capsys.readouterr().out
-    assert main(["sweep", chain_file, "--budgets", "0.9,0.5", "--exchange-effort", "thorough"]) == 0
-    assert "exchange_effort='thorough'" in capsys.readouterr().out
-    usage_error(capsys, ["solve", chain_file, "--budget", "0.9", "--solver", "checkpoint-all",
-                         "--exchange-effort", "thorough"], "--exchange-effort", "libra solver only")
-    usage_error(capsys, ["solve", chain_file, "--budget", "0.9", "--exchange-effort", "fast"], "--exchange-effort")
+@pytest.mark.parametrize("flag, value, shown, bad", [("--exchange-effort", "thorough", "exchange_effort='thorough'",
+                                                      "fast"),
+                                                     ("--added-gap-tol", "0", "added_gap_tol=0.0", "-1")])
+def test_libras_own_flags_reach_libra_and_are_refused_for_other_solvers(capsys, chain_file, flag, value, shown, bad):
+    """``--exchange-effort`` and ``--added-gap-tol`` (``solve``, ``sweep``) set ``LibraOptions.exchange_effort`` /
+    ``added_gap_tol``; with another solver, or a bad value, each is a usage error that names the flag, as
+    ``--policy`` is."""
+    assert main(["solve", chain_file, "--budget", "0.5", flag, value]) == 0
+    assert shown in capsys.readouterr().out
+    assert main(["sweep", chain_file, "--budgets", "0.9,0.5", flag, value]) == 0
+    assert shown in capsys.readouterr().out
+    usage_error(capsys, ["solve", chain_file, "--budget", "0.9", "--solver", "checkpoint-all", flag, value],
+                flag, "libra solver only")
+    usage_error(capsys, ["solve", chain_file, "--budget", "0.9", flag, bad], flag)
 
 
 def test_exit_status_1_for_infeasible_and_over_budget(capsys, chain_file):

@@ -493,3 +493,22 @@ def test_libras_thorough_plan_is_a_starting_plan_too():
     check_plan(p, r)
     assert r.extras["libra_time_s"] == pytest.approx(thorough.time_s, rel=REL)
     assert r.time_s <= thorough.time_s * (1 + REL)
+
+
+def test_libras_thorough_start_runs_its_exchanges_near_the_cut_bound_too(monkeypatch):
+    """The thorough plan that starts the MILP is solved with ``added_gap_tol=0`` (exchange moves even where
+    the plan is near the cut bound: a reference plan); the default one with libra's default tolerance."""
+    from libra_opt.frontend.generators import large_beside_small_graph
+    from libra_opt.solvers import registry
+
+    asked, get = [], registry.get_solver
+
+    def spied(name, **options):
+        asked.append((name, options))
+        return get(name, **options)
+
+    monkeypatch.setattr(registry, "get_solver", spied)
+    p = with_bandwidth(large_beside_small_graph(40, seed=0), 4.0)
+    check_plan(p, solve(p, int(0.8 * no_remat_peak(p)), "hybrid-milp", time_limit_s=5))
+    hybrid = [o for n, o in asked if n == "libra" and o.get("policy") == "hybrid"]
+    assert {o["exchange_effort"]: o.get("added_gap_tol") for o in hybrid} == {"default": None, "thorough": 0.0}

@@ -511,3 +511,82 @@ def test_an_unknown_exchange_effort_is_rejected_with_the_choices():
     p = G.large_beside_small_graph(20, seed=0)
     with pytest.raises(SolverError, match="exchange_effort must be one of"):
         solve(p, 0.5, "libra", exchange_effort="fast")
+
+
+def _exchange_calls(monkeypatch) -> list:
+    """Count the finish's exchange calls (``solvers/libra/finish.py``'s ``exchange_moves``)."""
+    from libra_opt.solvers.libra import finish as F
+
+    calls, moves = [], F.exchange_moves
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return moves(*args, **kwargs)
+
+    monkeypatch.setattr(F, "exchange_moves", counted)
+    return calls
+
+
+def _bound_added(p, budget, swaps):
+    """The least added time (s) any plan within ``budget`` can have by the cut bound."""
+    from libra_opt.passes.cut_bounds import cut_lower_bound
+
+    return cut_lower_bound(p, budget, swaps=swaps).time_s - p.total_compute_s
+
+
+def test_no_exchange_moves_where_the_plan_is_within_added_gap_tol_of_the_cut_bound(monkeypatch):
+    """``large_beside_small_graph(100)`` recompute-only at 0.5 of its peak (a ``solve_rate.py`` row whose
+    exchanges keep nothing): the descents' plan adds within 2.5 % of the least added time the cut bound
+    allows, so the default (``added_gap_tol=0.025``) makes no exchange call; with ``added_gap_tol=0`` they
+    run, and the plan is the same."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+
+    calls = _exchange_calls(monkeypatch)
+    p = G.large_beside_small_graph(100, seed=0)
+    budget = int(0.5 * no_remat_peak(p))
+    default = get_solver("libra", policy="recompute").solve(p, budget)
+    assert_fits(p, default)
+    assert not calls
+    bound = _bound_added(p, budget, swaps=False)
+    assert 0 < bound <= default.added_s <= 1.025 * bound
+    full = get_solver("libra", policy="recompute", added_gap_tol=0).solve(p, budget)
+    assert_fits(p, full)
+    assert calls
+    assert full.added_s == pytest.approx(default.added_s)
+
+
+@pytest.mark.parametrize("n, seed, frac", [(60, 20, 0.45), (120, 48, 0.8), (100, 0, 0.3), (80, 3, 0.6)])
+def test_a_plan_without_exchanges_is_within_added_gap_tol_of_the_cut_bound(monkeypatch, n, seed, frac):
+    """The tolerance's promise: a solve that leaves out exchange moves returns a plan whose added time is
+    at most ``1 + added_gap_tol`` times the cut bound's (so at most that share over what the full search
+    could reach); where exchanges run, the plan is the full search's (``added_gap_tol=0``).  The first two
+    cases leave them out and end costlier than the full search, within the tolerance; at 0.3 they run."""
+    from libra_opt.passes.simulator import no_remat_peak
+    from libra_opt.solvers import get_solver
+
+    calls = _exchange_calls(monkeypatch)
+    p = G.large_beside_small_graph(n, seed=seed)
+    budget = int(frac * no_remat_peak(p))
+    tol = 0.025
+    default = get_solver("libra", policy="recompute", added_gap_tol=tol).solve(p, budget)
+    skipped = not calls
+    calls.clear()
+    full = get_solver("libra", policy="recompute", added_gap_tol=0).solve(p, budget)
+    assert calls
+    for r in (default, full):
+        assert_fits(p, r)
+    bound = _bound_added(p, budget, swaps=False)
+    assert full.added_s >= bound - 1e-9 and default.added_s >= bound - 1e-9
+    if skipped:
+        assert default.added_s <= (1 + tol) * bound + 1e-9
+    else:
+        assert default.added_s == pytest.approx(full.added_s)
+    assert skipped == (frac != 0.3)
+
+
+@pytest.mark.parametrize("bad", [-0.01, float("nan"), float("inf"), "0.1"])
+def test_a_bad_added_gap_tol_is_rejected(bad):
+    p = G.large_beside_small_graph(20, seed=0)
+    with pytest.raises(SolverError, match="added_gap_tol must be a finite number >= 0"):
+        solve(p, 0.5, "libra", added_gap_tol=bad)

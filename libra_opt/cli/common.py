@@ -35,14 +35,18 @@ def add_problem_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_libra_arguments(p: argparse.ArgumentParser) -> None:
-    """Add the ``libra`` solver's ``--policy`` and ``--exchange-effort``
-    (``LibraOptions.policy`` / ``exchange_effort``; :func:`~libra_opt.cli.solve.solver_options`
-    refuses them for another solver)."""
+    """Add the ``libra`` solver's ``--policy``, ``--exchange-effort`` and
+    ``--added-gap-tol`` (``LibraOptions.policy`` / ``exchange_effort`` /
+    ``added_gap_tol``; :func:`~libra_opt.cli.solve.solver_options` refuses
+    them for another solver)."""
     p.add_argument("--policy", choices=["hybrid", "recompute", "swap"],
                    help="libra only: recompute + swap (default), recompute only, swap only")
     p.add_argument("--exchange-effort", choices=["default", "thorough"],
                    help="libra only: how hard its exchange moves search (thorough: more decisions given back and "
                         "more evaluations; a slower solve, sometimes a cheaper plan)")
+    p.add_argument("--added-gap-tol", metavar="TOL", type=nonnegative_float,
+                   help="libra only: no exchange moves where a plan already adds at most 1 + TOL times the least "
+                        "added time the cut bound allows (default 0.025; 0: they always run)")
 
 
 def report_unreadable(command: str, e: OSError) -> None:

@@ -1,4 +1,4 @@
-"""``libra-opt solve FILE --budget B [--solver NAME] [--policy P] [--exchange-effort E] [--explain [N]]
+"""``libra-opt solve FILE --budget B [--solver NAME] [--policy P] [--exchange-effort E] [--added-gap-tol TOL] [--explain [N]]
 [-o PLAN.json] [--plot OUT.png]``
 
 Plans a problem within a memory budget with a solver (``libra`` by default)
@@ -50,7 +50,7 @@ def solver_options(args: argparse.Namespace, solver_name: str) -> dict:
 
     known = {f.name for f in dataclasses.fields(solver_class(solver_name).Options)}
     opts = {}
-    for name in ("policy", "exchange_effort"):   # libra's
+    for name in ("policy", "exchange_effort", "added_gap_tol"):   # libra's
         if getattr(args, name, None) is not None:
             flag = "--" + name.replace("_", "-")
             if name not in known:

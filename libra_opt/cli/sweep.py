@@ -1,4 +1,5 @@
-"""``libra-opt sweep FILE --budgets 0.9,0.8,... [--policy ...] [--exchange-effort E] [--solver NAME] [--csv OUT.csv]``
+"""``libra-opt sweep FILE --budgets 0.9,0.8,... [--policy ...] [--exchange-effort E] [--added-gap-tol TOL]
+[--solver NAME] [--csv OUT.csv]``
 
 Plans a problem for many memory budgets at once and prints one row per
 budget: status, simulated peak, added step time and solve seconds.  With the

@@ -33,8 +33,8 @@ the plan runs within ``mip_gap`` of the compute floor or the cut bound.
 
 Starting solution and fallback (as ``checkmate-milp``'s ``libra_hint``):
 libra's hybrid plans at the same budget (its default exchange moves and its
-thorough ones, ``exchange_effort="thorough"``: cheaper on some cells, for a
-second or two), mapped onto the model's variables
+thorough ones, ``exchange_effort="thorough"`` with ``added_gap_tol=0``:
+cheaper on some cells, for a second or two), mapped onto the model's variables
 (:func:`~libra_opt.solvers.hybrid_model.hybrid_from_schedule`, then
 :meth:`~libra_opt.solvers.hybrid_model.HybridModel.fitted_assignment`), the
 swap-on-demand plan (:func:`~libra_opt.solvers.hybrid_model.swap_on_demand`)
@@ -299,7 +299,8 @@ class HybridMILPSolver(Solver):
 
     # ---------------------------------------------------------------- helpers
     #: libra's hybrid plans that start the MILP: its default exchanges, and thorough ones (``LibraOptions.
-    #: exchange_effort``: a plan cheaper on some cells, where a second or two next to the MILP's minutes is cheap)
+    #: exchange_effort``, with ``added_gap_tol=0``: exchanges even where the plan is near the cut bound; a
+    #: plan cheaper on some cells, where a second or two next to the MILP's minutes is cheap)
     LIBRA_EFFORTS = (("default", "libra hybrid"), ("thorough", "libra hybrid thorough"))
 
     def _libra_hybrid(self, setup: CheckmateSetup, budget_bytes: int):
@@ -313,8 +314,9 @@ class HybridMILPSolver(Solver):
         cands, hints = [], []
         for effort, name in self.LIBRA_EFFORTS:
             try:
-                r = get_solver("libra", policy="hybrid", exchange_effort=effort).solve(setup.original,
-                                                                                       int(budget_bytes))
+                extra = dict(added_gap_tol=0.0) if effort == "thorough" else {}
+                r = get_solver("libra", policy="hybrid", exchange_effort=effort, **extra).solve(setup.original,
+                                                                                                int(budget_bytes))
             except InfeasibleBudgetError as e:
                 # exchange moves change what a plan that meets the budget costs, never which budgets are met
                 return cands, hints, e.min_feasible_bytes

@@ -290,6 +290,33 @@ class LibraOptions:
         exchanges, which can end costlier (the pattern generators at 30-60
         nodes, seeds 0-2, copy ratios 1 and 4, hybrid at 0.8 / 0.5 / 0.3 of
         the peak: 6 plans cheaper, 2 costlier, by up to 1.1 %, of 162).
+    added_gap_tol : float
+        Exchange moves (and the covering program among them) are left out
+        where the cheapest plan of the descents, lowered and simulated,
+        already adds at most ``1 + added_gap_tol`` times the least added time
+        that the cut bound leaves any plan within the budget
+        (:func:`~libra_opt.passes.cut_bounds.cut_lower_bound` over the
+        ``LibraSolver.NEAR_CANDIDATES`` cut nodes of the largest no-remat
+        memory; recompute-only in recompute-only mode; minus the no-remat
+        compute time): no exchange can save more than that share of the
+        added time.  ``0``: they always run (``hybrid-milp``'s thorough
+        starting plan).  The default 0.025 takes two of
+        ``benchmarks/solve_rate.py``'s 390 libra rows under the solve-time
+        target, rows whose exchanges kept nothing
+        (``large_beside_small_n100`` recompute-only at 0.5 of its peak: 1.48
+        -> 0.28 CPU s per 1,000 ops; ``large_beside_small_n201`` at 0.3: 1.21
+        -> 0.47), with the same plans over the 390 rows and the 180
+        copy-bound cells of ``benchmarks/hybrid_optimality.py --libra-only``;
+        over 2,400 fuzz and pattern solves, 30 plans costlier (all
+        ``large_beside_small_graph`` recompute-only, by up to 1.9 % of the
+        added time), 47 -> 43 CPU s (2-core CPU).  The hybrid cut bound is
+        rarely that close to a plan with swaps (none of the 81 hybrid and
+        swap-only checks over those solves), so there the check costs a
+        bound of 16 cut nodes and saves nothing (about 1 % of
+        ``h100_resnet50_b128``'s solve at 0.3 of its peak).  Raises
+        ``SolverError`` if negative or not finite.  Source: the relative-gap
+        stop of branch and bound (HiGHS's ``mip_rel_gap``), on the added time
+        against the cut bound (:mod:`libra_opt.passes.cut_bounds`).
     merge : bool
         Score recomputations whose chain regenerates another evicted storage
         with that storage's window ended at the chain (one regeneration for
@@ -410,6 +437,7 @@ class LibraOptions:
     retain: bool = True
     exchange: bool = True
     exchange_effort: str = "default"
+    added_gap_tol: float = 0.025
     merge: bool = False
     retain_inputs: bool | None = None
     portfolio: bool = True
@@ -431,6 +459,9 @@ class LibraOptions:
             raise SolverError(f"libra: max_steps must be a non-negative int, got {self.max_steps!r}")
         if not (isinstance(self.swap_overlap_margin, (int, float)) and self.swap_overlap_margin >= 0):
             raise SolverError(f"libra: swap_overlap_margin must be >= 0, got {self.swap_overlap_margin!r}")
+        if not (isinstance(self.added_gap_tol, (int, float)) and 0 <= self.added_gap_tol < math.inf):
+            raise SolverError(f"libra: added_gap_tol must be a finite number >= 0 (0: exchange moves always run), "
+                              f"got {self.added_gap_tol!r}")
         if not isinstance(self.max_repair_steps, int) or self.max_repair_steps < 0:
             raise SolverError(f"libra: max_repair_steps must be a non-negative int, got {self.max_repair_steps!r}")
 
@@ -1298,6 +1329,13 @@ class LibraSolver(Solver):
     #: seed=1)`` at 0.7, recompute-only, 36,739 -> 7,849, where another descent's plan, 7% cheaper before
     #: them, stays at 34,299; 0.05 left that one out)
     EXCHANGE_SPAN = 0.10
+    #: the cut bound that ``added_gap_tol`` compares with tries this many cut nodes, those of the largest
+    #: no-remat memory first (a valid bound, at most the full one): with 16, the same plans as with every
+    #: cut node over ``solve_rate.py``'s 390 libra rows and 2,400 fuzz and pattern solves, and on
+    #: ``h100_resnet50_b128`` at 0.3 of its peak (415 cut nodes) it takes 0.002 CPU s instead of 0.052
+    #: (hybrid; recompute-only 0.001 instead of 0.029), besides the tables built once per problem (about
+    #: 0.005 s)
+    NEAR_CANDIDATES = 16
     #: policy switches (``LibraOptions.switch``) run on at most this many plans (one per descent) per budget
     SWITCH_PLANS = 4
     #: ... and on a plan with swaps only where its estimate is within this share of the cheapest plan so far
@@ -1600,7 +1638,9 @@ class LibraSolver(Solver):
         """The cheapest simulated plan within ``budget`` from the snapshots
         ``snaps`` of the descents ``refs``: each prepared (descents that stopped
         in the same state share one), exchange moves from those near the
-        cheapest estimate, then, in hybrid mode, policy switches on the plans
+        cheapest estimate (none where the cheapest plan, lowered and
+        simulated, is within ``added_gap_tol`` of the cut bound:
+        :meth:`_near_bound`), then, in hybrid mode, policy switches on the plans
         (:meth:`_switched`), each switched plan kept where it simulates
         cheaper; ``None`` where none lowers within it.  ``_Found.descent``
         indexes ``refs``.  ``met_only``: only whether the budget is met
@@ -1616,7 +1656,9 @@ class LibraSolver(Solver):
                 if prepared is None:
                     prepared = seen[key] = ref.prepare(snap, budget, exchange=False)
                 cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
-        if self.options.exchange and cands and refs[0].problem.num_nodes <= EXCHANGE_MAX_NODES:
+        realized: dict[int, FinishedPlan | None] = {}   # id(prepared) -> its realized plan (_cheapest)
+        if (self.options.exchange and cands and refs[0].problem.num_nodes <= EXCHANGE_MAX_NODES
+                and not self._near_bound(refs, snaps, cands, budget, realized)):
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
             # (the plans without them stay candidates: the estimate can drift from the simulation); on
             # larger problems there are none (exchange.MAX_NODES), and preparing again finds the same plan.
@@ -1633,7 +1675,7 @@ class LibraSolver(Solver):
                     prepared = refs[k].prepare(snaps[k], budget, exchange=True)
                     if prepared.timeline.added_s() < est:
                         cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
-        best = self._cheapest(refs, snaps, cands, budget)
+        best = self._cheapest(refs, snaps, cands, budget, realized=realized)
         if best is not None and self.options.switch and self.options.policy == "hybrid":
             # policy switches: only where a plan of the descents meets the budget (they change what a
             # plan costs, not which budgets are met: the tightening's stated minimum holds), and only a
@@ -1702,19 +1744,54 @@ class LibraSolver(Solver):
                 tl.state.pol.tobytes(), tl.state.w_b.tobytes(), tl.state.floor.tobytes(), tl.state.wait.tobytes(),
                 tuple(sorted(tl.state.t_until.items())), tuple(sorted(tl.state.w_early.items())))
 
+    def _near_bound(self, refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
+                    realized: dict) -> bool:
+        """The cheapest simulated plan of ``cands`` (:meth:`_cheapest`, its
+        plans kept in ``realized``) adds at most ``1 + added_gap_tol`` times
+        the least added time the cut bound at ``budget`` leaves
+        (:func:`~libra_opt.passes.cut_bounds.cut_lower_bound`: of plans
+        without swaps in recompute-only mode, of every plan otherwise, minus
+        the no-remat compute time): no exchange move can save more than that
+        share of it.  ``False`` with ``added_gap_tol`` 0 or no such plan."""
+        from libra_opt.passes.cut_bounds import cut_lower_bound
+
+        tol = self.options.added_gap_tol
+        if tol <= 0:
+            return False
+        best = self._cheapest(refs, snaps, cands, budget, realized=realized)
+        if best is None:
+            return False
+        problem, sim = refs[0].problem, best.plan.simulation
+        no_remat_s = sim.time_s - sim.added_s
+        bound_added = cut_lower_bound(problem, budget, swaps=self.options.policy != "recompute",
+                                      max_candidates=self.NEAR_CANDIDATES).time_s - no_remat_s
+        near = sim.added_s <= bound_added * (1 + tol)
+        if near:
+            log.debug("libra: a plan adds %.6g s, within %g of the cut bound's %.6g s: no exchange moves",
+                      sim.added_s, tol, bound_added)
+        return near
+
     @staticmethod
     def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
-                  below: float = math.inf) -> _Found | None:
+                  below: float = math.inf, realized: dict | None = None) -> _Found | None:
         """Lower and simulate ``cands``,
         cheapest estimate first, until one's estimate is no better than the
         cheapest simulated plan within ``budget`` or than ``below`` (seconds)
-        (and is not pessimistic).  The cheapest simulated plan, or ``None``."""
+        (and is not pessimistic).  The cheapest simulated plan, or ``None``.
+        ``realized``: id of a prepared plan -> its realized plan (``None``
+        where it does not lower within the budget), filled and read so that
+        a plan is lowered once per call of :meth:`_finished`."""
         best = None
         for est, k, prepared, tag in sorted(cands, key=lambda c: (c.estimate, c.descent)):
             top = min(below, best.plan.simulation.added_s) if best is not None else below
             if est >= top and not prepared.timeline.state.swap.pessimistic:
                 break   # its estimate is not pessimistic and already no better than a simulated plan
-            plan = refs[k].realize(prepared, snaps[k], budget)
+            if realized is not None and id(prepared) in realized:
+                plan = realized[id(prepared)]
+            else:
+                plan = refs[k].realize(prepared, snaps[k], budget)
+                if realized is not None:
+                    realized[id(prepared)] = plan
             if plan is None:
                 continue
             if best is None or plan.simulation.added_s < best.plan.simulation.added_s:

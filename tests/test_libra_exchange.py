@@ -549,10 +549,12 @@ def test_no_exchange_moves_where_the_plan_is_within_added_gap_tol_of_the_cut_bou
     assert_fits(p, default)
     assert not calls
     bound = _bound_added(p, budget, swaps=False)
-    assert 0 < bound <= default.added_s <= 1.025 * bound
+    near = default.extras["near_cut_bound"]   # the bound it compared with (16 cut nodes): at most the full one
+    assert near["added_gap_tol"] == 0.025 and 0 < near["bound_added_s"] <= bound + 1e-9
+    assert bound <= default.added_s <= 1.025 * near["bound_added_s"]
     full = get_solver("libra", policy="recompute", added_gap_tol=0).solve(p, budget)
     assert_fits(p, full)
-    assert calls
+    assert calls and "near_cut_bound" not in full.extras
     assert full.added_s == pytest.approx(default.added_s)
 
 
@@ -578,6 +580,7 @@ def test_a_plan_without_exchanges_is_within_added_gap_tol_of_the_cut_bound(monke
         assert_fits(p, r)
     bound = _bound_added(p, budget, swaps=False)
     assert full.added_s >= bound - 1e-9 and default.added_s >= bound - 1e-9
+    assert skipped == ("near_cut_bound" in default.extras)
     if skipped:
         assert default.added_s <= (1 + tol) * bound + 1e-9
     else:

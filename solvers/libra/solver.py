@@ -299,8 +299,9 @@ class LibraOptions:
         ``LibraSolver.NEAR_CANDIDATES`` cut nodes of the largest no-remat
         memory; recompute-only in recompute-only mode; minus the no-remat
         compute time): no exchange can save more than that share of the
-        added time.  ``0``: they always run (``hybrid-milp``'s thorough
-        starting plan).  The default 0.025 takes two of
+        added time; the result's ``extras["near_cut_bound"]`` then gives that
+        least added time (``bound_added_s``) and the tolerance.  ``0``: they
+        always run (``hybrid-milp``'s thorough starting plan).  The default 0.025 takes two of
         ``benchmarks/solve_rate.py``'s 390 libra rows under the solve-time
         target, rows whose exchanges kept nothing
         (``large_beside_small_n100`` recompute-only at 0.5 of its peak: 1.48
@@ -646,10 +647,13 @@ class _Candidate(NamedTuple):
 
 
 class _Found(NamedTuple):
-    """A candidate lowered and simulated within the budget."""
+    """A candidate lowered and simulated within the budget; ``near``: the
+    cut bound's added time (s) where exchange moves were left out for it
+    (``LibraOptions.added_gap_tol``), else ``None``."""
     plan: FinishedPlan
     descent: int
     tag: str
+    near: float | None = None
 
 
 @register_solver("libra")
@@ -1304,7 +1308,7 @@ class LibraSolver(Solver):
             found = self._finished([ref], [snap], b, False) if snap is not None else None
             if found is not None and found.plan.simulation.added_s < raw.simulation.added_s:
                 own = snap.elapsed_s + time.perf_counter() - t1
-                out[b] = (self._raw(found.plan, ref.label + found.tag), own)
+                out[b] = (self._raw(found.plan, ref.label + found.tag, found.near), own)
         log.debug("libra: a hybrid descent that waits for %d stalling plans took %.3f s, %d cheaper",
                   len(raws), time.perf_counter() - t0, len(out))
         return out
@@ -1605,7 +1609,7 @@ class LibraSolver(Solver):
                 break
         if best is not None:
             found, ref = best
-            return self._raw(found.plan, ref.label + found.tag)
+            return self._raw(found.plan, ref.label + found.tag, found.near)
         polish = not met_only
         for ref in refs:
             final = ref.final()
@@ -1657,8 +1661,9 @@ class LibraSolver(Solver):
                     prepared = seen[key] = ref.prepare(snap, budget, exchange=False)
                 cands.append(_Candidate(prepared.timeline.added_s(), k, prepared))
         realized: dict[int, FinishedPlan | None] = {}   # id(prepared) -> its realized plan (_cheapest)
-        if (self.options.exchange and cands and refs[0].problem.num_nodes <= EXCHANGE_MAX_NODES
-                and not self._near_bound(refs, snaps, cands, budget, realized)):
+        exchanging = bool(self.options.exchange and cands and refs[0].problem.num_nodes <= EXCHANGE_MAX_NODES)
+        near = self._near_bound(refs, snaps, cands, budget, realized) if exchanging else None
+        if exchanging and near is None:
             # exchange moves (costly) only from the descents whose plan is near the cheapest estimate
             # (the plans without them stay candidates: the estimate can drift from the simulation); on
             # larger problems there are none (exchange.MAX_NODES), and preparing again finds the same plan.
@@ -1686,6 +1691,8 @@ class LibraSolver(Solver):
                 best = found
         if best is not None and self.options.policy == "hybrid" and self.options.swap_inputs:
             best = self._inputs_swapped(best, budget)
+        if best is not None and near is not None:
+            best = best._replace(near=near)
         return best
 
     @staticmethod
@@ -1700,7 +1707,7 @@ class LibraSolver(Solver):
         if not got.taken:
             return found
         plan = dataclasses.replace(plan, schedule=got.schedule, simulation=got.simulation, swap_retained=got.taken)
-        return _Found(plan, found.descent, found.tag + "+swapped inputs")
+        return found._replace(plan=plan, tag=found.tag + "+swapped inputs")
 
     def _first_met(self, refs: list[Refiner], snaps: list[Snapshot | None], budget: int) -> _Found | None:
         """:meth:`_finished` for a caller that asks only whether ``budget``
@@ -1745,31 +1752,32 @@ class LibraSolver(Solver):
                 tuple(sorted(tl.state.t_until.items())), tuple(sorted(tl.state.w_early.items())))
 
     def _near_bound(self, refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
-                    realized: dict) -> bool:
+                    realized: dict) -> float | None:
         """The cheapest simulated plan of ``cands`` (:meth:`_cheapest`, its
         plans kept in ``realized``) adds at most ``1 + added_gap_tol`` times
         the least added time the cut bound at ``budget`` leaves
         (:func:`~libra_opt.passes.cut_bounds.cut_lower_bound`: of plans
         without swaps in recompute-only mode, of every plan otherwise, minus
         the no-remat compute time): no exchange move can save more than that
-        share of it.  ``False`` with ``added_gap_tol`` 0 or no such plan."""
+        share of it.  Returns that least added time (s) where it is so;
+        ``None`` where it is not, with ``added_gap_tol`` 0 or no such plan."""
         from libra_opt.passes.cut_bounds import cut_lower_bound
 
         tol = self.options.added_gap_tol
         if tol <= 0:
-            return False
+            return None
         best = self._cheapest(refs, snaps, cands, budget, realized=realized)
         if best is None:
-            return False
+            return None
         problem, sim = refs[0].problem, best.plan.simulation
         no_remat_s = sim.time_s - sim.added_s
         bound_added = cut_lower_bound(problem, budget, swaps=self.options.policy != "recompute",
                                       max_candidates=self.NEAR_CANDIDATES).time_s - no_remat_s
-        near = sim.added_s <= bound_added * (1 + tol)
-        if near:
-            log.debug("libra: a plan adds %.6g s, within %g of the cut bound's %.6g s: no exchange moves",
-                      sim.added_s, tol, bound_added)
-        return near
+        if sim.added_s > bound_added * (1 + tol):
+            return None
+        log.debug("libra: a plan adds %.6g s, within %g of the cut bound's %.6g s: no exchange moves",
+                  sim.added_s, tol, bound_added)
+        return float(bound_added)
 
     @staticmethod
     def _cheapest(refs: list[Refiner], snaps: list[Snapshot | None], cands: list[_Candidate], budget: int,
@@ -1838,7 +1846,9 @@ class LibraSolver(Solver):
         return RawSolution(schedule=sched, status=FEASIBLE, message=f"the {name} baseline's plan: {plan.message}",
                            extras=extras, simulation=sim)
 
-    def _raw(self, plan: FinishedPlan, descent: str) -> RawSolution:
+    def _raw(self, plan: FinishedPlan, descent: str, near: float | None = None) -> RawSolution:
+        """The finished plan as this solver's result; ``near``: see
+        :class:`_Found` (``extras["near_cut_bound"]``)."""
         decisions = [d.to_dict() for d in sorted(plan.records.values(), key=lambda d: (d.step < 0, d.step))]
         est_peak = plan.timeline.peak()[0]
         tensors = plan.timeline.problem.tensors
@@ -1850,6 +1860,8 @@ class LibraSolver(Solver):
         extras = dict(decisions=decisions, retained=retained, swap_retained=swapped, estimated_peak_bytes=int(est_peak),
                       estimated_added_s=float(plan.timeline.added_s()), steps=plan.snapshot.step,
                       undone=plan.undone, repairs=plan.repairs, policy=self.options.policy, descent=descent)
+        if near is not None:   # exchange moves left out: the plan is within added_gap_tol of this
+            extras["near_cut_bound"] = dict(bound_added_s=near, added_gap_tol=float(self.options.added_gap_tol))
         sched = plan.schedule
         sched.meta["solver"] = self.name
         sched.meta["libra"] = dict(policy=self.options.policy, descent=descent, decisions=decisions)

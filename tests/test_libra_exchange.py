@@ -551,6 +551,7 @@ def test_no_exchange_moves_where_the_plan_is_within_added_gap_tol_of_the_cut_bou
     bound = _bound_added(p, budget, swaps=False)
     near = default.extras["near_cut_bound"]   # the bound it compared with (16 cut nodes): at most the full one
     assert near["added_gap_tol"] == 0.025 and 0 < near["bound_added_s"] <= bound + 1e-9
+    assert "no exchange moves" in default.message and "added_gap_tol" in default.message
     assert bound <= default.added_s <= 1.025 * near["bound_added_s"]
     full = get_solver("libra", policy="recompute", added_gap_tol=0).solve(p, budget)
     assert_fits(p, full)

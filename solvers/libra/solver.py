@@ -1868,6 +1868,9 @@ class LibraSolver(Solver):
         status = TIME_LIMIT if plan.snapshot.cut_short and self.options.time_limit_s is not None else FEASIBLE
         msg = (f"{len(decisions)} evictions after {plan.snapshot.step} refinement steps "
                f"({plan.undone} undone, {plan.repairs} repairs)")
+        if near is not None:
+            msg += (f"; no exchange moves: it adds at most {1 + self.options.added_gap_tol:g}x the least added time "
+                    f"the cut bound allows, {near:.6g} s (added_gap_tol)")
         return RawSolution(schedule=sched, status=status, message=msg, extras=extras, simulation=plan.simulation)
 
     def solve_many(self, problem: RematProblem, budgets: Sequence, *, raise_on_infeasible: bool = False

@@ -1773,8 +1773,8 @@ class LibraSolver(Solver):
         no_remat_s = sim.time_s - sim.added_s
         bound_added = cut_lower_bound(problem, budget, swaps=self.options.policy != "recompute",
                                       max_candidates=self.NEAR_CANDIDATES).time_s - no_remat_s
-        if sim.added_s > bound_added * (1 + tol):
-            return None
+        if not math.isfinite(bound_added) or sim.added_s > bound_added * (1 + tol):
+            return None   # (an infinite bound under a plan that fits would be the bound's error, not a reason)
         log.debug("libra: a plan adds %.6g s, within %g of the cut bound's %.6g s: no exchange moves",
                   sim.added_s, tol, bound_added)
         return float(bound_added)

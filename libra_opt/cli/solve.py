@@ -1,5 +1,5 @@
-"""``libra-opt solve FILE --budget B [--solver NAME] [--policy P] [--exchange-effort E] [--added-gap-tol TOL] [--explain [N]]
-[-o PLAN.json] [--plot OUT.png]``
+"""``libra-opt solve FILE --budget B [--solver NAME] [--policy P] [--exchange-effort E] [--added-gap-tol TOL]
+[--explain [N]] [-o PLAN.json] [--plot OUT.png]``
 
 Plans a problem within a memory budget with a solver (``libra`` by default)
 and prints the plan's simulated peak, step time and what it costs.  ``FILE`` is

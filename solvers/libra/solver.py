@@ -299,9 +299,10 @@ class LibraOptions:
         ``LibraSolver.NEAR_CANDIDATES`` cut nodes of the largest no-remat
         memory; recompute-only in recompute-only mode; minus the no-remat
         compute time): no exchange can save more than that share of the
-        added time; the result's ``extras["near_cut_bound"]`` then gives that
-        least added time (``bound_added_s``) and the tolerance.  ``0``: they
-        always run (``hybrid-milp``'s thorough starting plan).  The default 0.025 takes two of
+        added time.  The result's ``extras["near_cut_bound"]`` then gives
+        that least added time (``bound_added_s``) and the tolerance, and its
+        message says so.  ``0``: they always run (``hybrid-milp``'s thorough
+        starting plan).  The default 0.025 takes two of
         ``benchmarks/solve_rate.py``'s 390 libra rows under the solve-time
         target, rows whose exchanges kept nothing
         (``large_beside_small_n100`` recompute-only at 0.5 of its peak: 1.48
@@ -312,12 +313,15 @@ class LibraOptions:
         ``large_beside_small_graph`` recompute-only, by up to 1.9 % of the
         added time), 47 -> 43 CPU s (2-core CPU).  The hybrid cut bound is
         rarely that close to a plan with swaps (none of the 81 hybrid and
-        swap-only checks over those solves), so there the check costs a
-        bound of 16 cut nodes and saves nothing (about 1 % of
-        ``h100_resnet50_b128``'s solve at 0.3 of its peak).  Raises
-        ``SolverError`` if negative or not finite.  Source: the relative-gap
-        stop of branch and bound (HiGHS's ``mip_rel_gap``), on the added time
-        against the cut bound (:mod:`libra_opt.passes.cut_bounds`).
+        swap-only checks over those solves).  Where a plan is not near, the
+        check costs the bound over 16 cut nodes and the cut bound's tables,
+        built once per problem: a few percent of a solve at most
+        (``mobilenet_b512_train`` recompute-only at 0.3 of its peak: 0.515 ->
+        0.533 CPU s per 1,000 ops, best of 5, alternating; ``h100_resnet50_b128``
+        hybrid at 0.3: 0.899 -> 0.900).  Raises ``SolverError`` if negative or
+        not finite.  Source: the relative-gap stop of branch and bound
+        (HiGHS's ``mip_rel_gap``), on the added time against the cut bound
+        (:mod:`libra_opt.passes.cut_bounds`).
     merge : bool
         Score recomputations whose chain regenerates another evicted storage
         with that storage's window ended at the chain (one regeneration for

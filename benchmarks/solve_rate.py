@@ -112,10 +112,12 @@ class SolverRow:
     options: dict = field(default_factory=dict)
 
 
-def solver_rows(only: list[str] | None = None, exchange_effort: str = "default") -> list[SolverRow]:
+def solver_rows(only: list[str] | None = None, exchange_effort: str = "default",
+                added_gap_tol: float | None = None) -> list[SolverRow]:
     """The non-exact solvers of :func:`libra_opt.solvers.available_solvers`
-    (``libra`` once per policy, with ``exchange_effort``), in registry
-    order; ``only`` (labels or names) picks some.
+    (``libra`` once per policy, with ``exchange_effort`` and, where not
+    ``None``, ``added_gap_tol``), in registry order; ``only`` (labels or
+    names) picks some.
 
     Raises
     ------
@@ -129,7 +131,8 @@ def solver_rows(only: list[str] | None = None, exchange_effort: str = "default")
         if name in EXACT_SOLVERS:
             continue
         if name == "libra":
-            rows += [SolverRow(f"libra-{p}", "libra", {"policy": p, "exchange_effort": exchange_effort})
+            extra = {} if added_gap_tol is None else {"added_gap_tol": added_gap_tol}
+            rows += [SolverRow(f"libra-{p}", "libra", {"policy": p, "exchange_effort": exchange_effort, **extra})
                      for p in LIBRA_POLICIES]
         else:
             rows.append(SolverRow(name, name))
@@ -515,6 +518,8 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default=None, help="instances whose name contains this")
     ap.add_argument("--exchange-effort", default="default", choices=("default", "thorough"),
                     help="libra's exchange_effort option (default %(default)s; the target is the default's)")
+    ap.add_argument("--added-gap-tol", type=float, default=None, metavar="TOL",
+                    help="libra's added_gap_tol option (default: libra's, 0.025; 0: exchange moves always run)")
     ap.add_argument("--quick", action="store_true",
                     help=f"a small subset: patterns at {QUICK['sizes']} nodes, problems {QUICK['problems']}, "
                          f"budgets {QUICK['budgets']}")
@@ -531,7 +536,9 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"--patterns: unknown {bad}; use some of {PATTERNS} or 'none'")
     problems = () if args.no_problems else (QUICK["problems"] if args.quick else None)
-    rows = solver_rows(args.solvers.split(",") if args.solvers else None, args.exchange_effort)
+    if args.added_gap_tol is not None and not args.added_gap_tol >= 0:
+        raise SystemExit(f"--added-gap-tol: must be >= 0, got {args.added_gap_tol}")
+    rows = solver_rows(args.solvers.split(",") if args.solvers else None, args.exchange_effort, args.added_gap_tol)
     instances = file_instances(args.graphs, problems) + generated_instances(patterns, sizes)
     if args.only:
         instances = [i for i in instances if args.only in i[0]]

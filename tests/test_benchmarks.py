@@ -231,16 +231,18 @@ def test_solve_rate_writes_a_row_per_solver_and_budget(tmp_path, capsys):
         assert f"| {lab} | 2 |" in md   # its summary row: two rows (one per budget)
 
 
-def test_solve_rate_exchange_effort_goes_to_the_libra_rows_only():
-    """``solve_rate.py --exchange-effort thorough``: libra's rows solve with that option, the other
-    solvers' rows are as without it."""
+@pytest.mark.parametrize("given, option", [(dict(exchange_effort="thorough"), dict(exchange_effort="thorough")),
+                                           (dict(added_gap_tol=0.0), dict(added_gap_tol=0.0))])
+def test_solve_rate_libra_options_go_to_the_libra_rows_only(given, option):
+    """``solve_rate.py --exchange-effort thorough`` / ``--added-gap-tol 0``: libra's rows solve with that
+    option, the other solvers' rows are as without it."""
     sr = load_benchmark("solve_rate")
     plain = {r.label: r.options for r in sr.solver_rows()}
-    rows = {r.label: r.options for r in sr.solver_rows(exchange_effort="thorough")}
+    rows = {r.label: r.options for r in sr.solver_rows(**given)}
     assert plain.keys() == rows.keys()
     for label, opts in rows.items():
         if label.startswith("libra-"):
-            assert opts == {**plain[label], "exchange_effort": "thorough"}
+            assert opts == {**plain[label], **option}
         else:
             assert opts == plain[label]
 

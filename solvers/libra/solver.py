@@ -307,7 +307,7 @@ class LibraOptions:
         target, rows whose exchanges kept nothing
         (``large_beside_small_n100`` recompute-only at 0.5 of its peak: 1.48
         -> 0.28 CPU s per 1,000 ops; ``large_beside_small_n201`` at 0.3: 1.21
-        -> 0.47), with the same plans over the 390 rows and the 180
+        -> 0.47-0.50), with the same plans over the 390 rows and the 180
         copy-bound cells of ``benchmarks/hybrid_optimality.py --libra-only``;
         over 2,400 fuzz and pattern solves, 30 plans costlier (all
         ``large_beside_small_graph`` recompute-only, by up to 1.9 % of the

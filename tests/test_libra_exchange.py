@@ -594,3 +594,18 @@ def test_a_bad_added_gap_tol_is_rejected(bad):
     p = G.large_beside_small_graph(20, seed=0)
     with pytest.raises(SolverError, match="added_gap_tol must be a finite number >= 0"):
         solve(p, 0.5, "libra", added_gap_tol=bad)
+
+
+def test_a_sweep_that_leaves_out_exchange_moves_equals_single_solves():
+    """Budgets where the descents' plan is within ``added_gap_tol`` of the cut bound (0.7 and 0.5 of the
+    peak of ``large_beside_small_graph(100)``, recompute-only) and one where exchange moves run (0.3): a
+    sweep gives each budget the plan a single solve gives it, and says the same about the bound."""
+    from _sweeps import assert_sweep_equals_single_solves
+    from libra_opt.solvers import get_solver
+
+    p = G.large_beside_small_graph(100, seed=0)
+    solver = get_solver("libra", policy="recompute")
+    many = assert_sweep_equals_single_solves(p, solver, [0.7, 0.5, 0.3])
+    assert ["near_cut_bound" in r.extras for r in many] == [True, True, False]
+    for frac, r in zip([0.7, 0.5, 0.3], many):
+        assert r.extras.get("near_cut_bound") == solver.solve(p, frac).extras.get("near_cut_bound")

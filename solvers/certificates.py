@@ -266,13 +266,18 @@ def cut_bounds(problem: "RematProblem", budget_bytes: int) -> tuple[Bound, ...]:
     (:func:`~libra_opt.passes.cut_bounds.cut_lower_bound`) as bounds: a
     :data:`HYBRID` one (every plan; the compute floor where no cut raises
     it), and a :data:`RECOMPUTE` one where it is higher (plans without swaps:
-    the off bytes are all recomputed) and some recompute-only plan may fit.
+    the off bytes are all recomputed) and some recompute-only plan may fit;
+    then the ordered cut bounds
+    (:func:`~libra_opt.passes.order_bounds.ordered_cut_bound`) of each class
+    where they are higher, with a ``covers`` test: they hold for the plans
+    that compute every node for the first time in the node order (every
+    built-in solver's), and add what a chain of recomputations needs.
     No solver needs to run: any plan within the budget gets a gap.
 
     Returns
     -------
     tuple of Bound
-        One or two bounds (s), proven at ``budget_bytes``; their ``source``
+        One to four bounds (s), proven at ``budget_bytes``; their ``source``
         names the cut node (or says "compute floor").
 
     Raises
@@ -294,6 +299,20 @@ def cut_bounds(problem: "RematProblem", budget_bytes: int) -> tuple[Bound, ...]:
         source = ("compute floor" if cb.node is None else
                   f"cut bound at {problem.nodes[cb.node].name!r}, {cb.excess_bytes} bytes off the device")
         out.append(Bound(float(cb.time_s), kind, source, int(budget_bytes)))
+    from libra_opt.passes.order_bounds import first_computes_in_order, ordered_cut_bound
+
+    def in_order(schedule) -> bool:
+        return first_computes_in_order(problem, schedule)
+
+    for swaps, kind in ((True, HYBRID), (False, RECOMPUTE)):
+        ob = ordered_cut_bound(problem, budget_bytes, swaps)
+        # only where it is higher than every bound already there that holds for its plans too
+        below = max((b.value_s for b in out if b.kind == HYBRID or b.kind == kind), default=-math.inf)
+        if not math.isfinite(ob.time_s) or ob.time_s <= below * (1 + REL_TOL):
+            continue
+        source = (f"ordered cut bound at {problem.nodes[ob.node].name!r}, {ob.excess_bytes} bytes over the budget "
+                  f"there (plans that compute nodes first in their order)")
+        out.append(Bound(float(ob.time_s), kind, source, int(budget_bytes), in_order))
     return tuple(out)
 
 

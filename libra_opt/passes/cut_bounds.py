@@ -61,7 +61,7 @@ import numpy as np
 
 from ..ir.problem import INPUT, RematProblem
 
-__all__ = ["CutBound", "cut_lower_bound", "MAX_NODES", "MAX_CANDIDATES"]
+__all__ = ["CutBound", "cut_lower_bound", "memoized_bound", "MAX_NODES", "MAX_CANDIDATES"]
 
 #: problems of more than this many nodes get the compute floor (the bitsets take ``N^2 / 4`` bytes)
 MAX_NODES = 8192
@@ -252,16 +252,31 @@ def cut_lower_bound(problem: RematProblem, budget_bytes: int, swaps: bool = True
     ValueError
         ``budget_bytes`` is negative, or ``max_candidates`` under 1.
     """
+    return memoized_bound(problem, "bounds.cut_lower_bound", _cut_bound, budget_bytes, swaps, max_candidates)
+
+
+def memoized_bound(problem: RematProblem, key: str, compute, budget_bytes: int, swaps: bool,
+                   max_candidates: int) -> CutBound:
+    """``compute(problem, budget_bytes, swaps, max_candidates)`` after the
+    arguments are checked, once per problem and arguments (kept with
+    ``problem.tables`` under ``key``): the cut bounds' shared front
+    (:func:`cut_lower_bound`, :func:`~libra_opt.passes.order_bounds.ordered_cut_bound`).
+
+    Raises
+    ------
+    ValueError
+        ``budget_bytes`` is negative, or ``max_candidates`` under 1.
+    """
     budget_bytes = int(budget_bytes)
     if budget_bytes < 0:
         raise ValueError(f"budget_bytes={budget_bytes}: a budget is a non-negative number of bytes")
     if int(max_candidates) < 1:
         raise ValueError(f"max_candidates={max_candidates}: at least one cut node must be tried")
-    memo = problem.tables.memo("bounds.cut_lower_bound", dict)
-    key = (budget_bytes, bool(swaps), int(max_candidates))
-    if key not in memo:
-        memo[key] = _cut_bound(problem, budget_bytes, swaps, int(max_candidates))
-    return memo[key]
+    memo = problem.tables.memo(key, dict)
+    args = (budget_bytes, bool(swaps), int(max_candidates))
+    if args not in memo:
+        memo[args] = compute(problem, *args)
+    return memo[args]
 
 
 def _cut_bound(problem: RematProblem, B: int, swaps: bool, max_candidates: int) -> CutBound:

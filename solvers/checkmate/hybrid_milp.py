@@ -187,7 +187,7 @@ class HybridMILPSolver(Solver):
                 extras["libra_time_s"] = min(c.time_s for c in libras)
         # bounds of every plan, no model involved: the compute floor and the cut bounds
         plain = (floor_bound(problem, budget_bytes, self.name),) + cut_bounds(problem, budget_bytes)
-        proven_s = max(b.value_s for b in plain if b.kind == HYBRID)
+        proven_s = max(b.value_s for b in plain if b.kind == HYBRID and b.covers is None)   # every plan's
         extras["cut_bound_s"] = proven_s
         fitting = sorted((c for c in pool if c.peak_bytes <= budget_bytes), key=lambda c: c.time_s)
         if fitting and fitting[0].time_s <= proven_s * (1 + o.mip_gap):

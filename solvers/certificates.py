@@ -311,7 +311,7 @@ def cut_bounds(problem: "RematProblem", budget_bytes: int) -> tuple[Bound, ...]:
         if not math.isfinite(ob.time_s) or ob.time_s <= below * (1 + REL_TOL):
             continue
         source = (f"ordered cut bound at {problem.nodes[ob.node].name!r}, {ob.excess_bytes} bytes over the budget "
-                  f"there (plans that compute nodes first in their order)")
+                  f"there; its class: the plans that compute each node first in node order")
         out.append(Bound(float(ob.time_s), kind, source, int(budget_bytes), in_order))
     return tuple(out)
 

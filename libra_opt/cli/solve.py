@@ -73,7 +73,10 @@ def bound_text(result) -> str:
     if result.lower_bound_s is not None:
         gap = "" if result.gap is None else f", gap {result.gap:.2%}"
         also = f"; the {values} bounds the coarsened graph only" if coarse else ""
-        return (f"step time >= {format_seconds(result.lower_bound_s)} for every {result.bound_kind} plan "
+        # a bound with a covers test (a model's, the ordered cut bounds) holds for the plans it covers only
+        held = next((b for b in result.bounds if b.source == result.bound_source), None)
+        scope = " of its class" if held is not None and held.covers is not None else ""
+        return (f"step time >= {format_seconds(result.lower_bound_s)} for every {result.bound_kind} plan{scope} "
                 f"({result.bound_source}){gap}{also}")
     if coarse:
         return f"bound unknown (the {values} bounds the coarsened graph only, not this graph)"

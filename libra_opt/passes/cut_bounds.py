@@ -61,7 +61,7 @@ import numpy as np
 
 from ..ir.problem import INPUT, RematProblem
 
-__all__ = ["CutBound", "cut_lower_bound", "memoized_bound", "MAX_NODES", "MAX_CANDIDATES"]
+__all__ = ["CutBound", "cut_lower_bound", "cut_sets", "memoized_bound", "MAX_NODES", "MAX_CANDIDATES"]
 
 #: problems of more than this many nodes get the compute floor (the bitsets take ``N^2 / 4`` bytes)
 MAX_NODES = 8192
@@ -279,6 +279,29 @@ def memoized_bound(problem: RematProblem, key: str, compute, budget_bytes: int, 
     return memo[args]
 
 
+def cut_sets(tb: _Tables, v: int, run: np.ndarray, after: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What is resident when node ``v`` first runs, given the nodes that
+    have run (``run``, bool ``(N,)``) and the needed nodes still to run
+    (``after``, bool ``(N,)``): ``made`` (bool ``(T,)``, graph tensors, views
+    too, made by ``run``), ``cut`` (bool ``(T,)`` over storages: those of
+    ``made`` that ``v``, a node of ``after`` or the step outputs read) and
+    ``held`` (bool ``(T,)`` over storages: ``v``'s inputs and the step
+    outputs made so far, resident in every plan).  The cut bound passes the
+    ancestors and descendants of ``v``; the ordered cut bound
+    (:mod:`libra_opt.passes.order_bounds`) the nodes before and after it."""
+    T = len(tb.t_sto)
+    made = (tb.t_prod >= 0) & run[np.maximum(tb.t_prod, 0)] & tb.graph
+    later = tb.is_out.copy()
+    later[tb.pair_t[after[tb.pair_c] | (tb.pair_c == v)]] = True
+    cut = np.zeros(T, dtype=bool)
+    cut[tb.t_sto[made & later]] = True
+    ins = tb.in_idx[tb.in_ptr[v]:tb.in_ptr[v + 1]]
+    held = np.zeros(T, dtype=bool)
+    held[tb.t_sto[ins[tb.graph[ins]]]] = True
+    held[tb.t_sto[made & tb.is_out]] = True
+    return made, cut, held
+
+
 def _cut_bound(problem: RematProblem, B: int, swaps: bool, max_candidates: int) -> CutBound:
     N = problem.num_nodes
     if N == 0:
@@ -297,19 +320,10 @@ def _cut_bound(problem: RematProblem, B: int, swaps: bool, max_candidates: int) 
         cands = cands[np.argsort(-c0[cands], kind="stable")[:max_candidates]]
     dev = problem.device
     d2h, h2d, overlap = float(dev.d2h_bytes_per_s), float(dev.h2d_bytes_per_s), bool(dev.copies_overlap_compute)
-    T = len(tb.t_sto)
     for v in cands.tolist():
         A = _mask(tb.anc[v], N)
         D = _mask(tb.desc[v], N) & tb.need
-        prod_a = (tb.t_prod >= 0) & A[np.maximum(tb.t_prod, 0)] & tb.graph
-        later = tb.is_out.copy()
-        later[tb.pair_t[D[tb.pair_c] | (tb.pair_c == v)]] = True
-        in_x = np.zeros(T, dtype=bool)
-        in_x[tb.t_sto[prod_a & later]] = True
-        ins = tb.in_idx[tb.in_ptr[v]:tb.in_ptr[v + 1]]
-        held = np.zeros(T, dtype=bool)       # resident when v runs: its inputs, the outputs made so far
-        held[tb.t_sto[ins[tb.graph[ins]]]] = True
-        held[tb.t_sto[prod_a & tb.is_out]] = True
+        _, in_x, held = cut_sets(tb, v, A, D)
         total = int(tb.s_bytes[in_x | held].sum()) + int(tb.new_out[v]) + int(tb.ws[v])
         E = total - B
         if E <= 0:

@@ -59,7 +59,7 @@ import math
 import numpy as np
 
 from ..ir.problem import RematProblem
-from .cut_bounds import CutBound, _tables, memoized_bound
+from .cut_bounds import CutBound, _tables, cut_sets, memoized_bound
 
 __all__ = ["ordered_cut_bound", "first_computes_in_order", "MAX_NODES", "MAX_CANDIDATES"]
 
@@ -167,15 +167,7 @@ def _at(tb, problem: RematProblem, v: int, B: int, swaps: bool) -> tuple[float, 
     after = np.zeros(N, dtype=bool)
     after[v + 1:] = True
     after &= tb.need
-    made = (tb.t_prod >= 0) & before[np.maximum(tb.t_prod, 0)] & tb.graph   # tensors (views too) made before v
-    later = tb.is_out.copy()
-    later[tb.pair_t[after[tb.pair_c] | (tb.pair_c == v)]] = True
-    live = np.zeros(T, dtype=bool)
-    live[tb.t_sto[made & later]] = True
-    ins = tb.in_idx[tb.in_ptr[v]:tb.in_ptr[v + 1]]
-    held = np.zeros(T, dtype=bool)   # resident when v runs: its inputs, the step outputs made so far
-    held[tb.t_sto[ins[tb.graph[ins]]]] = True
-    held[tb.t_sto[made & tb.is_out]] = True
+    made, live, held = cut_sets(tb, v, before, after)   # live: the no-remat plan's live set at v
     base = np.arange(T) == tb.t_sto
     cap = B - int(tb.s_bytes[held].sum()) - int(tb.new_out[v]) - int(tb.ws[v])
     off = np.flatnonzero(live & ~held & (tb.s_bytes > 0))

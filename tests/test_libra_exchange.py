@@ -513,20 +513,6 @@ def test_an_unknown_exchange_effort_is_rejected_with_the_choices():
         solve(p, 0.5, "libra", exchange_effort="fast")
 
 
-def _exchange_calls(monkeypatch) -> list:
-    """Count the finish's exchange calls (``solvers/libra/finish.py``'s ``exchange_moves``)."""
-    from libra_opt.solvers.libra import finish as F
-
-    calls, moves = [], F.exchange_moves
-
-    def counted(*args, **kwargs):
-        calls.append(1)
-        return moves(*args, **kwargs)
-
-    monkeypatch.setattr(F, "exchange_moves", counted)
-    return calls
-
-
 def _bound_added(p, budget, swaps):
     """The least added time (s) any plan within ``budget`` can have by the cut bound."""
     from libra_opt.passes.cut_bounds import cut_lower_bound
@@ -542,7 +528,7 @@ def test_no_exchange_moves_where_the_plan_is_within_added_gap_tol_of_the_cut_bou
     from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import get_solver
 
-    calls = _exchange_calls(monkeypatch)
+    calls = exchange_calls(monkeypatch)
     p = G.large_beside_small_graph(100, seed=0)
     budget = int(0.5 * no_remat_peak(p))
     default = get_solver("libra", policy="recompute").solve(p, budget)
@@ -568,7 +554,7 @@ def test_a_plan_without_exchanges_is_within_added_gap_tol_of_the_cut_bound(monke
     from libra_opt.passes.simulator import no_remat_peak
     from libra_opt.solvers import get_solver
 
-    calls = _exchange_calls(monkeypatch)
+    calls = exchange_calls(monkeypatch)
     p = G.large_beside_small_graph(n, seed=seed)
     budget = int(frac * no_remat_peak(p))
     tol = 0.025

@@ -16,15 +16,7 @@ from libra_opt.passes import order_bounds as O
 from libra_opt.passes.simulator import no_remat_peak
 from libra_opt.solvers import solve
 from libra_opt.solvers.certificates import HYBRID, InvalidBoundWarning, best_bound, cut_bounds, plan_class
-
-SOLVERS = [("libra", {}), ("libra", dict(policy="recompute")), ("libra", dict(policy="swap")),
-           ("checkpoint-all", {}), ("chen-sqrt", {}), ("chen-greedy", {}), ("swap-all", {})]
-
-
-def with_copies(problem, seconds_per_byte: float, overlap: bool = True):
-    """``problem`` with both copy directions taking ``seconds_per_byte`` per byte."""
-    rate = 1.0 / seconds_per_byte
-    return problem.with_device(h2d_bytes_per_s=rate, d2h_bytes_per_s=rate, copies_overlap_compute=overlap)
+from test_cut_bounds import SOLVERS, with_copies   # every non-exact solver; a problem with copies of a speed
 
 
 def problems(seed):
